@@ -1,0 +1,168 @@
+"""The one Backend interface every engine (NumPy, CuPy, Futhark) implements.
+
+The base class owns what is the same everywhere: argument checks, the step
+counter, the loss history, divergence handling, sampling's decoding and
+checkpoints. A subclass supplies the arithmetic through the `_` methods.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelConfig, TrainConfig
+from ..data import Corpus
+from ..params import flatten, init_params, param_specs, unflatten
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or inf; the parameters from before that step are kept."""
+
+    def __init__(self, step: int, loss: float):
+        self.step, self.loss = step, loss
+        super().__init__(
+            f"training diverged at step {step + 1}: the loss became {loss}. The parameters "
+            "from before that step are kept; lower the learning rate or init std and retry."
+        )
+
+
+class BackendError(RuntimeError):
+    """A backend failed (compile, device, out of memory); the message says what to do."""
+
+
+@dataclass
+class TrainState:
+    """Everything that determines the next step: host copies, flat float32."""
+
+    params: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    step: int
+
+
+class Backend(ABC):
+    name: str = "?"
+
+    def __init__(self, model: ModelConfig, train: TrainConfig, corpus: Corpus,
+                 params: np.ndarray | None = None):
+        if not isinstance(model, ModelConfig) or not isinstance(train, TrainConfig):
+            raise TypeError("open_backend needs a ModelConfig and a TrainConfig")
+        self.model, self.train_config, self.corpus = model, train, corpus
+        self.specs = param_specs(model, corpus.vocab_size)
+        self.num_params = self.specs[-1].end
+        if params is None:
+            params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
+        elif params.shape != (self.num_params,):
+            raise ValueError(f"expected {self.num_params} parameters, got {params.shape}")
+        self._step = 0
+        self._losses = np.full(train.num_steps, np.nan, dtype=np.float32)
+        self._setup(np.ascontiguousarray(params, dtype=np.float32))
+
+    # what a subclass implements --------------------------------------------
+    @abstractmethod
+    def _setup(self, params: np.ndarray) -> None:
+        """Take the initial parameters; zero Adam moments; step 0."""
+
+    @abstractmethod
+    def _train_steps(self, k: int) -> np.ndarray:
+        """Run up to k steps from self._step; return their losses (float32).
+
+        If a loss is not finite, stop there *without* applying that step's
+        update and return the losses up to and including the bad one.
+        """
+
+    @abstractmethod
+    def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
+        """Token ids of each sample, without the bos tokens."""
+
+    @abstractmethod
+    def _get_state(self) -> TrainState: ...
+
+    @abstractmethod
+    def _set_state(self, state: TrainState) -> None: ...
+
+    def close(self) -> None:
+        """Release device memory or contexts (nothing to do for host backends)."""
+
+    # the public interface --------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Steps trained so far (the next step's index, counted from 0)."""
+        return self._step
+
+    @property
+    def finished(self) -> bool:
+        return self._step >= self.train_config.num_steps
+
+    @property
+    def loss_history(self) -> np.ndarray:
+        return self._losses[: self._step].copy()
+
+    def train(self, k: int) -> np.ndarray:
+        """The chunked step call: run the next k steps, return each step's loss.
+
+        Stops at num_steps (fewer losses are returned then). Raises
+        TrainingDiverged if a loss is NaN or inf, keeping the parameters from
+        before that step.
+        """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"the number of steps per call must be a positive integer, got {k!r}")
+        k = min(int(k), self.train_config.num_steps - self._step)
+        if k <= 0:
+            return np.empty(0, dtype=np.float32)
+        losses = np.asarray(self._train_steps(k), dtype=np.float32)
+        bad = ~np.isfinite(losses)
+        good = losses[: int(np.argmax(bad))] if bad.any() else losses
+        self._losses[self._step : self._step + len(good)] = good
+        self._step += len(good)
+        if bad.any():
+            raise TrainingDiverged(self._step, float(losses[len(good)]))
+        return losses
+
+    def sample(self, num_samples: int = 10, temperature: float = 0.5, seed: int = 0) -> list[str]:
+        """Generate names: start at bos, draw from softmax(logits / temperature)."""
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if not isinstance(temperature, (int, float, np.floating)) or not temperature > 0:
+            raise ValueError(f"temperature must be greater than 0, got {temperature!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        ids = self._sample_ids(int(num_samples), float(temperature), int(seed))
+        return [self.corpus.decode(sample) for sample in ids]
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return unflatten(self._get_state().params, self.specs)
+
+    def set_params(self, params: dict[str, np.ndarray]) -> None:
+        """Replace the parameters; the step and Adam moments stay."""
+        state = self._get_state()
+        state.params = flatten(params, self.specs)
+        self._set_state(state)
+
+    def get_state(self) -> TrainState:
+        return self._get_state()
+
+    def set_state(self, state: TrainState, losses: np.ndarray | None = None) -> None:
+        """Restore a training state (checkpoints, switching backends mid-run)."""
+        n = self.num_params
+        for name in ("params", "m", "v"):
+            arr = getattr(state, name)
+            if arr.shape != (n,):
+                raise ValueError(f"state.{name} has shape {arr.shape}, expected ({n},)")
+        if not 0 <= state.step <= self.train_config.num_steps:
+            raise ValueError(f"step {state.step} is outside 0..{self.train_config.num_steps}")
+        self._set_state(TrainState(*(np.ascontiguousarray(getattr(state, a), dtype=np.float32)
+                                     for a in ("params", "m", "v")), int(state.step)))
+        self._step = int(state.step)
+        self._losses[:] = np.nan
+        if losses is not None:
+            self._losses[: min(len(losses), self._step)] = losses[: self._step]
+
+    def save(self, path) -> None:
+        from ..checkpoint import save_checkpoint
+
+        save_checkpoint(path, self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} step {self._step}/{self.train_config.num_steps}>"

@@ -1,0 +1,86 @@
+"""The reference backend: engine.model's math on NumPy (float32, CPU).
+
+Parameters, gradients and both Adam moments each live in one flat buffer,
+so a step allocates nothing proportional to the model beyond activations.
+CuPy's backend subclasses this with another array module.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model import Weights, adam_update, loss_and_grad, next_token_logits
+from .base import Backend, TrainState
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    xp = np
+
+    def _setup(self, params: np.ndarray) -> None:
+        xp, n = self.xp, self.num_params
+        self.p = xp.asarray(params).copy()
+        self.g = xp.zeros(n, dtype=xp.float32)
+        self.m = xp.zeros(n, dtype=xp.float32)
+        self.v = xp.zeros(n, dtype=xp.float32)
+        self.scratch = xp.empty(min(n, 1 << 16), dtype=xp.float32)
+        self.w = Weights(self.p, self.specs, self.model)
+        self.gw = Weights(self.g, self.specs, self.model)
+
+    def _to_host(self, arr) -> np.ndarray:
+        return np.array(arr, dtype=np.float32, copy=True)
+
+    def _tokens(self, step: int):
+        return self.corpus.step_tokens(step, self.model.block_size)
+
+    def _train_steps(self, k: int) -> np.ndarray:
+        tc, xp = self.train_config, self.xp
+        losses = xp.empty(k, dtype=xp.float32)
+        for i in range(k):
+            step = self._step + i
+            inputs, targets = self._tokens(step)
+            loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
+            losses[i] = loss
+            if not self._finite(loss):  # keep the parameters from before this step
+                return self._to_host(losses[: i + 1])
+            adam_update(self.p, self.g, self.m, self.v, self.scratch, tc.lr_at(step),
+                        tc.beta1, tc.beta2, tc.eps, step, xp)
+        return self._to_host(losses)
+
+    def _finite(self, loss) -> bool:
+        return bool(np.isfinite(loss))
+
+    def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
+        xp, bos = self.xp, self.corpus.bos
+        rng = np.random.default_rng(seed)
+        tokens = np.full((num_samples, 1), bos, dtype=np.int64)
+        done = np.zeros(num_samples, dtype=bool)
+        for _ in range(self.model.block_size):
+            logits = self._to_host(next_token_logits(self.w, xp.asarray(tokens), self.model, xp))
+            nxt = draw(logits.astype(np.float64) / temperature, rng)
+            nxt[done] = bos
+            done |= nxt == bos
+            tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+            if done.all():
+                break
+        samples = []
+        for row in tokens[:, 1:]:
+            stop = np.flatnonzero(row == bos)
+            samples.append(row[: stop[0] if len(stop) else len(row)].tolist())
+        return samples
+
+    def _get_state(self) -> TrainState:
+        return TrainState(self._to_host(self.p), self._to_host(self.m), self._to_host(self.v), self._step)
+
+    def _set_state(self, state: TrainState) -> None:
+        self.p[...] = self.xp.asarray(state.params)
+        self.m[...] = self.xp.asarray(state.m)
+        self.v[...] = self.xp.asarray(state.v)
+
+
+def draw(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row from softmax(logits), by inverse CDF of a uniform draw."""
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    cdf = np.cumsum(z / z.sum(axis=-1, keepdims=True), axis=-1)
+    u = rng.random(len(logits))
+    return np.minimum((cdf < u[:, None]).sum(axis=-1), logits.shape[-1] - 1)
+

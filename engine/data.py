@@ -1,0 +1,226 @@
+"""The corpus: documents in microgpt's training order, vocabulary, encoding,
+the token arrays every backend trains on, and the default dataset download.
+
+This is the one place that shapes the data.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+DEFAULT_DATASET_URL = "https://raw.githubusercontent.com/karpathy/makemore/988aa59/names.txt"
+DEFAULT_DATASET_SHA256 = "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
+SHUFFLE_SEED = 42  # microgpt: random.seed(42); random.shuffle(docs)
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used, with a message a person can act on."""
+
+
+@dataclass(frozen=True)
+class TokenArrays:
+    """All documents as one flat int32 array of `[bos] + ids + [bos]` runs.
+
+    Document d occupies tokens[offsets[d] : offsets[d] + lengths[d]].
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def max_length(self) -> int:
+        return int(self.lengths.max())
+
+
+class Corpus:
+    """Documents in training order (shuffled once, as microgpt does) and the vocabulary."""
+
+    def __init__(self, docs: list[str], chars: list[str] | None = None, *, shuffled: bool = False):
+        if not docs:
+            raise DatasetError("the dataset has no documents (every line is empty)")
+        self.docs: list[str] = list(docs)
+        if not shuffled:
+            random.Random(SHUFFLE_SEED).shuffle(self.docs)
+        self.chars: list[str] = sorted(set("".join(self.docs))) if chars is None else list(chars)
+        self.bos: int = len(self.chars)
+        self.vocab_size: int = self.bos + 1
+        self._index = {ch: i for i, ch in enumerate(self.chars)}
+        self._arrays: TokenArrays | None = None
+
+    # construction -----------------------------------------------------------
+    @classmethod
+    def from_lines(cls, lines: Iterable[str]) -> "Corpus":
+        """One document per line; whitespace stripped, empty lines skipped."""
+        return cls([doc for doc in (line.strip() for line in lines) if doc])
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Corpus":
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise DatasetError(f"dataset file not found: {path}") from None
+        except IsADirectoryError:
+            raise DatasetError(f"dataset path is a directory, not a text file: {path}") from None
+        except OSError as exc:
+            raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
+        lines = []
+        for number, line in enumerate(raw.split(b"\n"), start=1):
+            try:
+                lines.append(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise DatasetError(
+                    f"{path}: line {number} is not valid UTF-8 (byte {exc.start + 1}); "
+                    "save the file as UTF-8 text"
+                ) from None
+        try:
+            return cls.from_lines(lines)
+        except DatasetError as exc:
+            raise DatasetError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_training_order(cls, docs: list[str], chars: list[str]) -> "Corpus":
+        """Rebuild a corpus whose documents are already in training order (checkpoints)."""
+        corpus = cls(docs, chars, shuffled=True)
+        unknown = set("".join(docs)) - set(chars)
+        if unknown:
+            raise DatasetError(f"documents use characters outside the vocabulary: {sorted(unknown)}")
+        return corpus
+
+    # encoding ---------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._index[ch] for ch in text]
+        except KeyError as exc:
+            raise ValueError(f"character {exc.args[0]!r} is not in the vocabulary") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[i] for i in ids if i != self.bos)
+
+    # shapes the backends train on -------------------------------------------
+    @property
+    def arrays(self) -> TokenArrays:
+        if self._arrays is None:
+            lengths = np.array([len(doc) + 2 for doc in self.docs], dtype=np.int32)
+            offsets = np.zeros(len(self.docs), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=offsets[1:])
+            tokens = np.empty(int(lengths.sum()), dtype=np.int32)
+            for doc, off in zip(self.docs, offsets):
+                tokens[off] = self.bos
+                tokens[off + 1 : off + 1 + len(doc)] = self.encode(doc)
+                tokens[off + 1 + len(doc)] = self.bos
+            self._arrays = TokenArrays(tokens, offsets, lengths)
+        return self._arrays
+
+    def step_tokens(self, step: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """microgpt's step: document step % len(docs), n = min(block_size, len(tokens) - 1)."""
+        a = self.arrays
+        d = step % len(self.docs)
+        off, length = int(a.offsets[d]), int(a.lengths[d])
+        n = min(block_size, length - 1)
+        return a.tokens[off : off + n], a.tokens[off + 1 : off + 1 + n]
+
+    def count_truncated(self, block_size: int) -> int:
+        """Documents longer than block_size - 1 characters lose their tail in training."""
+        return int(np.count_nonzero(self.arrays.lengths - 2 > block_size - 1))
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __repr__(self) -> str:
+        return f"Corpus({len(self.docs)} docs, vocab {self.vocab_size})"
+
+
+# default dataset ------------------------------------------------------------
+
+def user_data_dir() -> Path:
+    """Per-user data directory (XDG on Linux, the platform's own elsewhere)."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "microgpt-gui"
+
+
+def user_cache_dir() -> Path:
+    if sys.platform == "win32":
+        return user_data_dir() / "cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "microgpt-gui"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "microgpt-gui"
+
+
+ProgressFn = Callable[[int, int], None]  # (bytes so far, total bytes or 0 if unknown)
+
+
+def download_dataset(
+    url: str,
+    dest: Path,
+    sha256: str,
+    progress: ProgressFn | None = None,
+    timeout: float = 30.0,
+) -> Path:
+    """Download url to dest atomically, rejecting content whose sha256 differs."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=dest.name, suffix=".part", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    total = int(response.headers.get("Content-Length") or 0)
+                    done = 0
+                    while chunk := response.read(1 << 16):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                reason = getattr(exc, "reason", None) or exc
+                raise DatasetError(
+                    f"could not download the default dataset from {url} ({reason}). "
+                    "If you are offline, pass your own text file with --data FILE "
+                    "(or File > Open dataset... in the window)."
+                ) from None
+        if digest.hexdigest() != sha256:
+            raise DatasetError(
+                f"the downloaded dataset from {url} is corrupt (sha256 {digest.hexdigest()}, "
+                f"expected {sha256}); it was discarded. Try again, or pass --data FILE."
+            )
+        os.replace(tmp, dest)
+        return dest
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def default_dataset_path(
+    progress: ProgressFn | None = None,
+    url: str = DEFAULT_DATASET_URL,
+    sha256: str = DEFAULT_DATASET_SHA256,
+    data_dir: Path | None = None,
+) -> Path:
+    """makemore's names.txt from the user data directory, downloaded on first use."""
+    dest = (data_dir or user_data_dir()) / "names.txt"
+    if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha256:
+        return dest
+    return download_dataset(url, dest, sha256, progress)
+
+
+def load_corpus(path: str | os.PathLike | None, progress: ProgressFn | None = None) -> Corpus:
+    """The corpus from a file, or the default dataset when path is None."""
+    return Corpus.from_file(path if path is not None else default_dataset_path(progress))

@@ -1,0 +1,177 @@
+"""microgpt's model, loss, gradient and Adam, over an array module `xp`.
+
+This is the reference math: the NumPy backend runs it with xp = numpy, the
+CuPy backend with xp = cupy, and the Futhark kernel mirrors it (tests hold
+them equal). One training step sees one document of T <= block_size tokens,
+all positions at once:
+
+    x = rmsnorm(wte[tok] + wpe[pos])
+    per layer:  x += attn(rmsnorm(x)) @ wo.T          (causal, 1/sqrt(head_dim))
+                x += relu(rmsnorm(x) @ fc1.T) @ fc2.T
+    logits = x @ lm_head.T                             (no final norm)
+    loss = mean cross-entropy over the T positions
+
+rmsnorm(x) = x / sqrt(mean(x^2) + 1e-5), no weights; no biases anywhere.
+Shapes are written (T, C) for one sequence; the forward pass also accepts a
+leading batch axis (N, T, C) for sampling.
+"""
+from __future__ import annotations
+
+import math
+
+from .config import ModelConfig
+from .params import ParamSpec
+
+RMS_EPS = 1e-5
+
+
+class Weights:
+    """Named views into a flat buffer; attn_wq|wk|wv viewed together as one (3C, C) qkv."""
+
+    def __init__(self, flat, specs: list[ParamSpec], model: ModelConfig):
+        by_name = {s.name: s for s in specs}
+        view = lambda s: flat[s.offset : s.end].reshape(s.shape)  # noqa: E731
+        c = model.n_embd
+        self.wte, self.wpe, self.lm_head = (view(by_name[n]) for n in ("wte", "wpe", "lm_head"))
+        self.layers = []
+        for i in range(model.n_layer):
+            q = by_name[f"layer{i}.attn_wq"]
+            qkv = flat[q.offset : q.offset + 3 * c * c].reshape(3 * c, c)
+            self.layers.append((qkv, *(view(by_name[f"layer{i}.{n}"]) for n in ("attn_wo", "mlp_fc1", "mlp_fc2"))))
+
+
+def rmsnorm(x, xp):
+    """(y, r) with y = x * r and r = 1/sqrt(mean(x^2) + eps), kept for the backward pass."""
+    r = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
+    return x * r, r
+
+
+def rmsnorm_backward(dy, y, r, xp):
+    return r * (dy - y * xp.mean(dy * y, axis=-1, keepdims=True))
+
+
+def split_heads(z, n_head):
+    """(..., T, C) -> (..., H, T, hd)."""
+    *lead, t, c = z.shape
+    return z.reshape(*lead, t, n_head, c // n_head).swapaxes(-2, -3)
+
+
+def merge_heads(z):
+    """(..., H, T, hd) -> (..., T, C)."""
+    *lead, h, t, hd = z.shape
+    return z.swapaxes(-2, -3).reshape(*lead, t, h * hd)
+
+
+def causal_mask(t: int, xp, dtype):
+    """0 on and below the diagonal, -inf above: added to attention logits."""
+    return xp.triu(xp.full((t, t), -xp.inf, dtype=dtype), 1)
+
+
+def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False):
+    """Final hidden states (..., T, C) of a token array (..., T), and the
+    activations the backward pass needs when keep is True."""
+    t = tokens.shape[-1]
+    c, h = model.n_embd, model.n_head
+    scale = 1.0 / math.sqrt(model.head_dim)
+    mask = causal_mask(t, xp, w.wte.dtype)
+    x, r0 = rmsnorm(w.wte[tokens] + w.wpe[:t], xp)
+    cache = [(x, r0)]
+    for qkv_w, wo, fc1, fc2 in w.layers:
+        xn, r1 = rmsnorm(x, xp)
+        qkv = xn @ qkv_w.T
+        q, k, v = (split_heads(qkv[..., i * c : (i + 1) * c], h) for i in range(3))
+        att = (q @ k.swapaxes(-1, -2)) * scale + mask
+        att -= att.max(axis=-1, keepdims=True)
+        p = xp.exp(att)
+        p /= p.sum(axis=-1, keepdims=True)
+        y = merge_heads(p @ v)
+        x = x + y @ wo.T
+        xn2, r2 = rmsnorm(x, xp)
+        hid = xn2 @ fc1.T
+        act = xp.maximum(hid, 0)
+        x = x + act @ fc2.T
+        if keep:
+            cache.append((xn, r1, q, k, v, p, y, xn2, r2, hid, act))
+    return x, cache
+
+
+def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, xp):
+    """Mean cross-entropy of one sequence; writes every gradient into g (overwriting)."""
+    t = inputs.shape[0]
+    x, cache = forward(w, inputs, model, xp, keep=True)
+    logits = x @ w.lm_head.T
+    logits -= logits.max(axis=-1, keepdims=True)
+    e = xp.exp(logits)
+    s = e.sum(axis=-1, keepdims=True)
+    rows = xp.arange(t)
+    loss = xp.mean(xp.log(s[:, 0]) - logits[rows, targets])
+
+    dlogits = e / s  # softmax, then minus one-hot, over T
+    dlogits[rows, targets] -= 1.0
+    dlogits *= 1.0 / t
+    xp.matmul(dlogits.T, x, out=g.lm_head)
+    dx = dlogits @ w.lm_head
+    scale = 1.0 / math.sqrt(model.head_dim)
+    for (qkv_w, wo, fc1, fc2), (gqkv, gwo, gfc1, gfc2), (xn, r1, q, k, v, p, y, xn2, r2, hid, act) in zip(
+        reversed(w.layers), reversed(g.layers), reversed(cache[1:])
+    ):
+        xp.matmul(dx.T, act, out=gfc2)
+        dhid = dx @ fc2
+        dhid *= hid > 0
+        xp.matmul(dhid.T, xn2, out=gfc1)
+        dx = dx + rmsnorm_backward(dhid @ fc1, xn2, r2, xp)
+
+        xp.matmul(dx.T, y, out=gwo)
+        dy = split_heads(dx @ wo, model.n_head)
+        dp = dy @ v.swapaxes(-1, -2)
+        dv = p.swapaxes(-1, -2) @ dy
+        datt = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+        datt *= scale
+        dq = datt @ k
+        dk = datt.swapaxes(-1, -2) @ q
+        dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+        xp.matmul(dqkv.T, xn, out=gqkv)
+        dx = dx + rmsnorm_backward(dqkv @ qkv_w, xn, r1, xp)
+
+    x0, r0 = cache[0]
+    dx0 = rmsnorm_backward(dx, x0, r0, xp)
+    onehot = (inputs[:, None] == xp.arange(w.wte.shape[0])).astype(dx0.dtype)
+    xp.matmul(onehot.T, dx0, out=g.wte)
+    g.wpe[:t] = dx0
+    g.wpe[t:] = 0
+    return loss
+
+
+def adam_update(p, g, m, v, scratch, lr_t: float, b1: float, b2: float, eps: float,
+                step: int, xp, block: int = 1 << 16):
+    """microgpt's Adam, in place over flat buffers, one cache-sized block at a time.
+
+    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+    p -= lr_t * (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)
+    Blocking keeps the temporaries in cache: the largest preset's update is
+    bound by memory traffic, so each buffer is read and written once.
+    """
+    step_size = lr_t / (1.0 - b1 ** (step + 1))
+    inv_bc2 = 1.0 / (1.0 - b2 ** (step + 1))
+    for lo in range(0, p.shape[0], block):
+        hi = min(lo + block, p.shape[0])
+        pb, gb, mb, vb, s = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scratch[: hi - lo]
+        mb *= b1
+        xp.multiply(gb, 1.0 - b1, out=s)
+        mb += s
+        vb *= b2
+        xp.multiply(gb, gb, out=s)
+        s *= 1.0 - b2
+        vb += s
+        xp.multiply(vb, inv_bc2, out=s)
+        xp.sqrt(s, out=s)
+        s += eps
+        xp.divide(mb, s, out=s)
+        s *= step_size
+        pb -= s
+
+
+def next_token_logits(w: Weights, tokens, model: ModelConfig, xp):
+    """Logits (N, V) for the token after each row of tokens (N, T)."""
+    x, _ = forward(w, tokens, model, xp)
+    return x[:, -1, :] @ w.lm_head.T
