@@ -1,18 +1,34 @@
 """Shared fixtures for the whole suite (engine, GUI and backend tests).
 
 The real dataset is makemore's names.txt in ../shared/data beside the
-repository root; it is never copied into the repo, and tests that need it skip
-with a stated reason where it is absent.
+repository root (or $MICROGPT_NAMES); it is never copied into the repo, and
+tests that need it skip with a stated reason where it is absent.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from engine import Corpus, ModelConfig, TrainConfig
 
-NAMES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "names.txt"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_names_txt() -> Path:
+    """$MICROGPT_NAMES if set, else shared/data/names.txt beside the repository root
+    (../shared), or beside a folder above it (git worktrees kept in a subfolder)."""
+    if os.environ.get("MICROGPT_NAMES"):
+        return Path(os.environ["MICROGPT_NAMES"])
+    for folder in REPO_ROOT.parents:
+        candidate = folder / "shared" / "data" / "names.txt"
+        if candidate.is_file():
+            return candidate
+    return REPO_ROOT.parent / "shared" / "data" / "names.txt"
+
+
+NAMES_PATH = find_names_txt()
 
 # A handful of names with a small alphabet: fast to train on, every backend can use it.
 SMALL_NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper",
