@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,7 +136,8 @@ def gpt(sd, token, pos, keys, values, n_layer, n_head):
 
 
 def microgpt_docs(path):
-    docs = [line.strip() for line in open(path).read().strip().split("\n") if line.strip()]
+    text = Path(path).read_text()
+    docs = [line.strip() for line in text.strip().split("\n") if line.strip()]
     saved = random.getstate()
     random.seed(42)
     random.shuffle(docs)
