@@ -265,3 +265,17 @@ def test_divergence_on_the_first_step_of_a_chunk(small_corpus, small_model, shor
     after = b.get_state()
     assert np.array_equal(after.params, before.params, equal_nan=True)
     assert np.array_equal(after.m, before.m) and np.array_equal(after.v, before.v)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_nan_gradient_with_finite_loss_keeps_finite_parameters(small_corpus, small_model):
+    """An absurd learning rate: the loss stays finite for a step while the backward
+    pass overflows; training must stop before Adam writes NaN into the parameters."""
+    b = open_numpy(small_model, TrainConfig(num_steps=50, learning_rate=1e30), small_corpus)
+    with pytest.raises(TrainingDiverged) as info:
+        b.train(50)
+    state = b.get_state()
+    assert b.step == info.value.step < 50
+    assert np.all(np.isfinite(state.params)), "the parameters kept are usable"
+    assert np.all(np.isfinite(state.m)) and np.all(np.isfinite(state.v))
+    assert np.all(np.isfinite(b.loss_history)) and len(b.loss_history) == b.step
