@@ -202,6 +202,33 @@ def local_server(tmp_path, monkeypatch):
 NAMES_SAMPLE = b"emma\nolivia\nava\nisabella\nsophia\n" * 50
 
 
+@pytest.fixture
+def raw_server(monkeypatch):
+    """An HTTP server whose GET behaviour a test sets: yields (set_handler, url)."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    behaviour = {}
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            behaviour["get"](self, release)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield (lambda fn: behaviour.update(get=fn)), f"http://127.0.0.1:{server.server_address[1]}/names.txt"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
 def test_download_is_verified_cached_and_reused(local_server, tmp_path):
     www, base = local_server
     (www / "names.txt").write_bytes(NAMES_SAMPLE)
@@ -263,4 +290,33 @@ def test_server_down_gives_the_offline_message(tmp_path, monkeypatch):
     message = str(info.value)
     assert "offline" in message and "--data" in message and f"127.0.0.1:{port}" in message
     assert not (data_dir / "names.txt").exists()
+    assert list(data_dir.iterdir()) == []
+
+
+def test_connection_cut_mid_download_is_rejected(raw_server, tmp_path):
+    set_handler, url = raw_server
+
+    def cut_short(handler, release):
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(NAMES_SAMPLE)))
+        handler.end_headers()
+        handler.wfile.write(NAMES_SAMPLE[:100])
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    set_handler(cut_short)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError, match="--data"):
+        download_dataset(url, data_dir / "names.txt", hashlib.sha256(NAMES_SAMPLE).hexdigest(),
+                         timeout=5)
+    assert list(data_dir.iterdir()) == []
+
+
+def test_stalled_server_times_out_with_the_offline_message(raw_server, tmp_path):
+    set_handler, url = raw_server
+    set_handler(lambda handler, release: release.wait(10))  # never answers until teardown
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError) as info:
+        download_dataset(url, data_dir / "names.txt", "0" * 64, timeout=0.3)
+    assert "--data" in str(info.value)
     assert list(data_dir.iterdir()) == []
