@@ -69,7 +69,8 @@ def read_checkpoint(path) -> Checkpoint:
     """Read and validate a checkpoint without opening a backend."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        # our own file handle: np.load leaks its handle when the zip is unreadable
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
             data = {key: z[key] for key in z.files}
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None

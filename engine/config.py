@@ -5,6 +5,7 @@ One definition of each hyperparameter default lives here; everything else
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 
@@ -61,17 +62,19 @@ class TrainConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         checks = {
-            "learning_rate": self.learning_rate > 0,
-            "init_std": self.init_std > 0,
-            "eps": self.eps > 0,
-            "beta1": 0 <= self.beta1 < 1,
-            "beta2": 0 <= self.beta2 < 1,
+            "learning_rate": lambda x: x > 0,
+            "init_std": lambda x: x > 0,
+            "eps": lambda x: x > 0,
+            "beta1": lambda x: 0 <= x < 1,
+            "beta2": lambda x: 0 <= x < 1,
         }
         for name, ok in checks.items():
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-                raise ValueError(f"{name} must be a number, got {value!r}")
-            if not ok:
+            # type first (a string must not reach the comparison), and finite:
+            # inf passes "> 0" but turns every parameter into inf or NaN
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            if not ok(value):
                 bound = "in [0, 1)" if name.startswith("beta") else "positive"
                 raise ValueError(f"{name} must be {bound}, got {value}")
 

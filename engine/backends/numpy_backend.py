@@ -39,6 +39,10 @@ class NumpyBackend(Backend):
             step = self._step + i
             inputs, targets = self._tokens(step)
             loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
+            if not self._finite(xp.dot(self.g, self.g)):
+                # a finite loss can still have a NaN/inf gradient (overflow in the
+                # backward pass); Adam would write NaN into every parameter
+                loss = xp.nan
             losses[i] = loss
             if not self._finite(loss):  # keep the parameters from before this step
                 return self._to_host(losses[: i + 1])

@@ -1,0 +1,322 @@
+"""engine.data: microgpt's training order, vocabulary, encoding, file handling,
+the token arrays, and the default-dataset download against a local HTTP server."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import random
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import Corpus, DatasetError, default_dataset_path
+from engine.data import download_dataset
+
+
+# ---- training order and vocabulary -------------------------------------------
+
+def microgpt_docs(path: Path) -> list[str]:
+    """microgpt's own loading and shuffling, with the global `random` module."""
+    docs = [line.strip() for line in path.read_text().strip().split("\n") if line.strip()]
+    saved = random.getstate()
+    try:
+        random.seed(42)
+        random.shuffle(docs)
+    finally:
+        random.setstate(saved)
+    return docs
+
+
+def test_training_order_is_microgpts(names_path, names_corpus):
+    expected = microgpt_docs(names_path)
+    assert len(names_corpus.docs) == len(expected) == 32033
+    assert names_corpus.docs == expected
+
+
+def test_vocabulary_and_bos_on_names(names_corpus):
+    assert names_corpus.chars == list("abcdefghijklmnopqrstuvwxyz")
+    assert names_corpus.bos == 26
+    assert names_corpus.vocab_size == 27
+    assert len(names_corpus) == 32033
+
+
+def test_vocabulary_is_sorted_unique_characters():
+    corpus = Corpus.from_lines(["zoë", "bob", "Éva", "a-b"])
+    assert corpus.chars == sorted(set("zoëbobÉvaa-b"))
+    assert corpus.bos == len(corpus.chars) and corpus.vocab_size == corpus.bos + 1
+
+
+def test_encode_decode_round_trip(names_corpus):
+    for doc in names_corpus.docs[:200]:
+        ids = names_corpus.encode(doc)
+        assert ids == [names_corpus.chars.index(ch) for ch in doc]
+        assert names_corpus.decode(ids) == doc
+    # decode drops bos tokens wherever they appear
+    bos = names_corpus.bos
+    assert names_corpus.decode([bos, *names_corpus.encode("anna"), bos]) == "anna"
+
+
+def test_encode_unknown_character_is_a_value_error(small_corpus):
+    with pytest.raises(ValueError, match="'Q'"):
+        small_corpus.encode("emQa")
+
+
+def test_from_lines_strips_and_skips_empty_lines():
+    corpus = Corpus.from_lines(["  anna \n", "\n", "bob\r\n", "   ", "\t", "cy"])
+    assert sorted(corpus.docs) == ["anna", "bob", "cy"]
+
+
+def test_from_file_handles_crlf_whitespace_and_empty_lines(tmp_path):
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"anna\r\n\r\n  bob  \r\n\n\ncy\t\r\n\r\n")
+    corpus = Corpus.from_file(path)
+    assert sorted(corpus.docs) == ["anna", "bob", "cy"]
+    assert "\r" not in corpus.chars and " " not in corpus.chars
+    assert corpus.docs == Corpus.from_lines(["anna", "bob", "cy"]).docs  # same shuffle
+
+
+def test_from_file_reads_utf8(tmp_path):
+    path = tmp_path / "utf8.txt"
+    path.write_text("zoë\nchloé\nbjörn\n", encoding="utf-8")
+    corpus = Corpus.from_file(path)
+    assert sorted(corpus.docs) == ["björn", "chloé", "zoë"]
+    assert "ë" in corpus.chars and "ö" in corpus.chars
+
+
+@pytest.mark.parametrize("lines", [[], [""], ["", "   ", "\r", "\t"]])
+def test_empty_corpus_is_a_dataset_error(lines):
+    with pytest.raises(ValueError, match="no documents"):
+        Corpus.from_lines(lines)
+
+
+def test_empty_file_names_the_file(tmp_path):
+    path = tmp_path / "blank.txt"
+    path.write_text("\n  \n\r\n")
+    with pytest.raises(DatasetError) as info:
+        Corpus.from_file(path)
+    assert "blank.txt" in str(info.value) and "no documents" in str(info.value)
+
+
+def test_non_utf8_file_names_the_line(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"anna\nbob\nchlo\xe9\ndave\n")
+    with pytest.raises(DatasetError) as info:
+        Corpus.from_file(path)
+    message = str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert "line 3" in message and "UTF-8" in message and "latin1.txt" in message
+
+
+def test_missing_file_and_directory_are_dataset_errors(tmp_path):
+    with pytest.raises(DatasetError, match="not found"):
+        Corpus.from_file(tmp_path / "nope.txt")
+    with pytest.raises(DatasetError, match="directory"):
+        Corpus.from_file(tmp_path)
+
+
+# ---- token arrays and steps ----------------------------------------------------
+
+def test_token_arrays_layout(names_corpus):
+    a = names_corpus.arrays
+    bos = names_corpus.bos
+    assert a.tokens.dtype == np.int32 and len(a.offsets) == len(a.lengths) == len(names_corpus)
+    assert a.offsets[0] == 0
+    assert np.array_equal(a.offsets[1:], np.cumsum(a.lengths)[:-1])
+    assert len(a.tokens) == sum(len(d) + 2 for d in names_corpus.docs)
+    assert a.max_length == max(len(d) for d in names_corpus.docs) + 2
+    for d in (0, 1, 2, 1000, len(names_corpus) - 1):
+        doc = names_corpus.docs[d]
+        run = a.tokens[a.offsets[d] : a.offsets[d] + a.lengths[d]].tolist()
+        assert run == [bos] + [names_corpus.chars.index(ch) for ch in doc] + [bos]
+
+
+def test_step_tokens_follow_microgpt(names_corpus):
+    block = 16
+    for step in (0, 1, 5, len(names_corpus) + 3):  # wraps around: step % len(docs)
+        doc = names_corpus.docs[step % len(names_corpus)]
+        tokens = [names_corpus.bos] + names_corpus.encode(doc) + [names_corpus.bos]
+        n = min(block, len(tokens) - 1)
+        inputs, targets = names_corpus.step_tokens(step, block)
+        assert inputs.tolist() == tokens[:n] and targets.tolist() == tokens[1 : n + 1]
+
+
+def test_long_documents_are_truncated_and_counted():
+    docs = ["ab", "abcdefg", "abcdefgh", "abcdefghijkl"]  # 2, 7, 8, 12 characters
+    corpus = Corpus(docs, shuffled=True)  # keep this order
+    block = 8
+    # a document fits when len(doc) <= block_size - 1 (its final bos target is then seen)
+    assert corpus.count_truncated(block) == sum(len(d) > block - 1 for d in docs) == 2
+    assert corpus.count_truncated(64) == 0
+    inputs, targets = corpus.step_tokens(3, block)
+    assert len(inputs) == len(targets) == block
+    assert corpus.decode(inputs.tolist()) == "abcdefg"  # bos + the first 7 characters
+    assert targets[-1] != corpus.bos  # the tail (and the closing bos) is cut off
+    inputs, targets = corpus.step_tokens(1, block)  # exactly block-1 characters: fits
+    assert len(inputs) == block and targets[-1] == corpus.bos
+
+
+def test_names_truncation_count(names_corpus):
+    lengths = [len(d) for d in names_corpus.docs]
+    assert names_corpus.count_truncated(16) == sum(n > 15 for n in lengths) == 0
+    assert names_corpus.count_truncated(8) == sum(n > 7 for n in lengths) > 0
+
+
+def test_from_training_order_keeps_order_and_rejects_unknown_characters():
+    corpus = Corpus.from_training_order(["cab", "abc"], ["a", "b", "c"])
+    assert corpus.docs == ["cab", "abc"]
+    with pytest.raises(DatasetError, match="outside the vocabulary"):
+        Corpus.from_training_order(["cab", "abd"], ["a", "b", "c"])
+
+
+# ---- default dataset download (a real HTTP server on 127.0.0.1) ----------------
+
+@pytest.fixture
+def local_server(tmp_path, monkeypatch):
+    """Serve tmp_path/'www' over HTTP on 127.0.0.1; yields (www dir, base url)."""
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    www = tmp_path / "www"
+    www.mkdir()
+
+    class QuietHandler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(QuietHandler, directory=str(www))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield www, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+NAMES_SAMPLE = b"emma\nolivia\nava\nisabella\nsophia\n" * 50
+
+
+@pytest.fixture
+def raw_server(monkeypatch):
+    """An HTTP server whose GET behaviour a test sets: yields (set_handler, url)."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    behaviour = {}
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            behaviour["get"](self, release)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield (lambda fn: behaviour.update(get=fn)), f"http://127.0.0.1:{server.server_address[1]}/names.txt"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_download_is_verified_cached_and_reused(local_server, tmp_path):
+    www, base = local_server
+    (www / "names.txt").write_bytes(NAMES_SAMPLE)
+    sha = hashlib.sha256(NAMES_SAMPLE).hexdigest()
+    data_dir = tmp_path / "data"
+    seen = []
+    path = default_dataset_path(progress=lambda done, total: seen.append((done, total)),
+                                url=f"{base}/names.txt", sha256=sha, data_dir=data_dir)
+    assert path == data_dir / "names.txt" and path.read_bytes() == NAMES_SAMPLE
+    assert seen and seen[-1] == (len(NAMES_SAMPLE), len(NAMES_SAMPLE))
+    assert sorted(p.name for p in data_dir.iterdir()) == ["names.txt"]  # no .part left
+    assert sorted(Corpus.from_file(path).docs) == sorted(NAMES_SAMPLE.decode().split())
+
+    # reused: the server no longer has the file, yet the cached copy is returned
+    (www / "names.txt").unlink()
+    again = default_dataset_path(url=f"{base}/names.txt", sha256=sha, data_dir=data_dir)
+    assert again == path and again.read_bytes() == NAMES_SAMPLE
+
+
+def test_corrupt_cached_file_is_downloaded_again(local_server, tmp_path):
+    www, base = local_server
+    (www / "names.txt").write_bytes(NAMES_SAMPLE)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "names.txt").write_bytes(b"half a fi")
+    path = default_dataset_path(url=f"{base}/names.txt", data_dir=data_dir,
+                                sha256=hashlib.sha256(NAMES_SAMPLE).hexdigest())
+    assert path.read_bytes() == NAMES_SAMPLE
+
+
+def test_corrupted_download_is_rejected_and_nothing_left(local_server, tmp_path):
+    www, base = local_server
+    (www / "names.txt").write_bytes(NAMES_SAMPLE[:-7] + b"mallory")  # same length, other bytes
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError) as info:
+        default_dataset_path(url=f"{base}/names.txt", data_dir=data_dir,
+                             sha256=hashlib.sha256(NAMES_SAMPLE).hexdigest())
+    assert "corrupt" in str(info.value) and "--data" in str(info.value)
+    assert list(data_dir.iterdir()) == []
+
+
+def test_http_error_is_a_clear_dataset_error(local_server, tmp_path):
+    _, base = local_server  # nothing served: 404
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError, match="--data"):
+        download_dataset(f"{base}/missing.txt", data_dir / "names.txt", "0" * 64, timeout=5)
+    assert list(data_dir.iterdir()) == []
+
+
+def test_server_down_gives_the_offline_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError) as info:
+        default_dataset_path(url=f"http://127.0.0.1:{port}/names.txt", sha256="0" * 64,
+                             data_dir=data_dir)
+    message = str(info.value)
+    assert "offline" in message and "--data" in message and f"127.0.0.1:{port}" in message
+    assert not (data_dir / "names.txt").exists()
+    assert list(data_dir.iterdir()) == []
+
+
+def test_connection_cut_mid_download_is_rejected(raw_server, tmp_path):
+    set_handler, url = raw_server
+
+    def cut_short(handler, release):
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(NAMES_SAMPLE)))
+        handler.end_headers()
+        handler.wfile.write(NAMES_SAMPLE[:100])
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    set_handler(cut_short)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError, match="--data"):
+        download_dataset(url, data_dir / "names.txt", hashlib.sha256(NAMES_SAMPLE).hexdigest(),
+                         timeout=5)
+    assert list(data_dir.iterdir()) == []
+
+
+def test_stalled_server_times_out_with_the_offline_message(raw_server, tmp_path):
+    set_handler, url = raw_server
+    set_handler(lambda handler, release: release.wait(10))  # never answers until teardown
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetError) as info:
+        download_dataset(url, data_dir / "names.txt", "0" * 64, timeout=0.3)
+    assert "--data" in str(info.value)
+    assert list(data_dir.iterdir()) == []
