@@ -35,11 +35,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _find_names() -> Path:
-    """$MICROGPT_NAMES, else shared/data/names.txt beside the repository (../shared),
-    or beside a folder above it (worktrees kept in a subfolder)."""
+    """$MICROGPT_NAMES, else shared/data/names.txt inside the repository, beside it
+    (../shared), or beside a folder above it (worktrees kept in a subfolder)."""
     if os.environ.get("MICROGPT_NAMES"):
         return Path(os.environ["MICROGPT_NAMES"])
-    for folder in REPO_ROOT.parents:
+    for folder in (REPO_ROOT, *REPO_ROOT.parents):
         if (folder / "shared" / "data" / "names.txt").is_file():
             return folder / "shared" / "data" / "names.txt"
     return REPO_ROOT.parent / "shared" / "data" / "names.txt"

@@ -272,7 +272,9 @@ class CupyBackend(NumpyBackend):
             raise BackendError(f"CuPy could not compile the fused Adam kernel: {exc}") from exc
 
     def _fused_step(self, loss, losses, ok, i: int, scalars) -> None:
-        n = self.num_params
+        xp, n = self.xp, self.num_params
+        if not isinstance(loss, xp.ndarray) or loss.dtype != xp.float32:  # the kernel reads a float*
+            loss = xp.asarray(loss, dtype=xp.float32)
         grid = max(1, min((n + BLOCK - 1) // BLOCK, 1 << 16))
         self._kernel((grid,), (BLOCK,), (self.p, self.m, self.v, self.g, loss, losses, ok,
                                          np.int32(i), *scalars, np.int64(n)))
