@@ -6,8 +6,9 @@ driver, no device, broken libraries), that opening the backend fails with a
 clear BackendError, that the fused Adam step's statements equal
 engine.model.adam_update, and that CupyBackend's chunk logic (device-resident
 tokens, the masked fused step, one read-back per chunk, divergence and
-out-of-memory handling) trains exactly like the NumPy backend when it runs on
-NumPy arrays (HostLogicBackend below: NumPy itself, not a fake CuPy).
+out-of-memory handling) trains like the NumPy backend when it runs on NumPy
+arrays (HostLogicBackend below: NumPy itself, not a fake CuPy). It is bit for
+bit today; the tests allow 1e-6 so that a reordered adam_update does not break them.
 
 Tests marked `gpu` need CuPy and a CUDA device and skip with the reason
 otherwise: parity with the NumPy backend, the compiled kernel against its
@@ -18,7 +19,6 @@ from __future__ import annotations
 import os
 import sys
 import types
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
