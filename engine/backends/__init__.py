@@ -27,9 +27,22 @@ def _numpy_open(model, train, corpus, params):
     return NumpyBackend(model, train, corpus, params)
 
 
+def _cupy_probe() -> tuple[bool, str]:
+    from .cupy_backend import probe
+
+    return probe()
+
+
+def _cupy_open(model, train, corpus, params):
+    from .cupy_backend import CupyBackend
+
+    return CupyBackend(model, train, corpus, params)
+
+
 # name -> (probe() -> (available, reason), opener(model, train, corpus, params))
 _REGISTRY: dict[str, tuple[Callable[[], tuple[bool, str]], Callable]] = {
     "numpy": (_numpy_probe, _numpy_open),
+    "cupy": (_cupy_probe, _cupy_open),
 }
 
 

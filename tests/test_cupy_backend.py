@@ -1,0 +1,495 @@
+"""The cupy backend.
+
+Without a GPU (CI, most machines) these tests check what is ours and runs
+anywhere: the availability probe's reasons (CuPy missing, no driver, old
+driver, no device, broken libraries), that opening the backend fails with a
+clear BackendError, that the fused Adam step's statements equal
+engine.model.adam_update, and that CupyBackend's chunk logic (device-resident
+tokens, the masked fused step, one read-back per chunk, divergence and
+out-of-memory handling) trains like the NumPy backend when it runs on NumPy
+arrays (HostLogicBackend below: NumPy itself, not a fake CuPy). It is bit for
+bit today; the tests allow 1e-6 so that a reordered adam_update does not break them.
+
+Tests marked `gpu` need CuPy and a CUDA device and skip with the reason
+otherwise: parity with the NumPy backend, the compiled kernel against its
+NumPy reference, samples, checkpoints, GPU out-of-memory.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine.backends.cupy_backend as cb
+import engine.backends.numpy_backend as nb
+from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
+                    list_backends, load_checkpoint, open_backend)
+from engine.backends.numpy_backend import NumpyBackend
+from engine.model import adam_update
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _find_names() -> Path:
+    """$MICROGPT_NAMES, else shared/data/names.txt inside the repository, beside it
+    (../shared), or beside a folder above it (worktrees kept in a subfolder)."""
+    if os.environ.get("MICROGPT_NAMES"):
+        return Path(os.environ["MICROGPT_NAMES"])
+    for folder in (REPO_ROOT, *REPO_ROOT.parents):
+        if (folder / "shared" / "data" / "names.txt").is_file():
+            return folder / "shared" / "data" / "names.txt"
+    return REPO_ROOT.parent / "shared" / "data" / "names.txt"
+
+
+NAMES = _find_names()
+SMALL_NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper",
+               "evelyn", "abigail", "emily", "ella", "elizabeth", "camila", "luna"]
+
+
+@pytest.fixture(scope="module")
+def names_corpus() -> Corpus:
+    if not NAMES.is_file():
+        pytest.skip(f"names.txt not found at {NAMES} (the shared dataset beside the repo)")
+    return Corpus.from_file(NAMES)
+
+
+class HostLogicBackend(cb.CupyBackend):
+    """CupyBackend's own code with NumPy as the array module and fused_step_host as the kernel."""
+
+    name = "cupy-logic-on-numpy"
+
+    def _bind(self) -> None:
+        self.xp = np
+
+    def _fused_step(self, loss, losses, ok, i, scalars) -> None:
+        cb.fused_step_host(self.p, self.m, self.v, self.g, loss, losses, ok, i, scalars)
+
+
+def assert_same_state(a, b, rtol=1e-6, atol=1e-7):
+    sa, sb = a.get_state(), b.get_state()
+    assert sa.step == sb.step
+    for name in ("params", "m", "v"):
+        np.testing.assert_allclose(getattr(sa, name), getattr(sb, name), rtol=rtol, atol=atol,
+                                   err_msg=name)
+
+
+# -- the fused Adam step's arithmetic (no GPU needed) -----------------------
+
+@pytest.mark.parametrize("step", [0, 7, 199])
+def test_fused_step_statements_equal_adam_update(step):
+    rng = np.random.default_rng(step)
+    n = 5000
+    p, g = rng.normal(size=(2, n)).astype(np.float32)
+    m = rng.normal(scale=0.1, size=n).astype(np.float32)
+    v = rng.random(n).astype(np.float32) * 0.01
+    tc = TrainConfig(num_steps=200, learning_rate=0.01, beta1=0.85, beta2=0.99, eps=1e-8)
+    before = [a.copy() for a in (p, m, v)]
+    rp, rm, rv = (a.copy() for a in (p, m, v))
+    adam_update(rp, g, rm, rv, np.empty(1 << 12, np.float32), tc.lr_at(step),
+                tc.beta1, tc.beta2, tc.eps, step, np, block=1 << 12)
+    losses, ok = np.zeros(1, np.float32), np.ones(2, np.int32)
+    cb.fused_step_host(p, m, v, g, np.float32(3.0), losses, ok, 0, cb.adam_scalars(tc, step))
+    for got, want, old in zip((p, m, v), (rp, rm, rv), before):
+        assert np.mean(got != old) > 0.99  # the update did change (almost) every element
+        np.testing.assert_array_max_ulp(got, want, maxulp=2)
+    assert losses[0] == 3.0 and ok.tolist() == [1, 1]
+
+
+def test_fused_step_skips_the_bad_step_and_all_after_it():
+    rng = np.random.default_rng(0)
+    p, m, v, g = (rng.random(64).astype(np.float32) for _ in range(4))
+    initial = [a.copy() for a in (p, m, v)]
+    tc = TrainConfig(num_steps=10)
+    losses, ok = np.zeros(4, np.float32), np.ones(5, np.int32)
+    cb.fused_step_host(p, m, v, g, np.float32(2.5), losses, ok, 0, cb.adam_scalars(tc, 0))
+    after_first = [a.copy() for a in (p, m, v)]
+    assert all((a != b).all() for a, b in zip(after_first, initial))  # step 0 was applied
+    for i, loss in ((1, np.nan), (2, 1.0), (3, np.inf)):
+        cb.fused_step_host(p, m, v, g, np.float32(loss), losses, ok, i, cb.adam_scalars(tc, i))
+    for got, kept in zip((p, m, v), after_first):
+        np.testing.assert_array_equal(got, kept)
+    assert ok.tolist() == [1, 1, 0, 0, 0]
+    np.testing.assert_array_equal(losses, np.array([2.5, np.nan, 1.0, np.inf], np.float32))
+
+
+def test_kernel_source_holds_the_statements_and_compiles_where_nvrtc_is_present():
+    src = cb.kernel_source()
+    for statement in cb.ADAM_STATEMENTS:
+        assert statement + ";" in src
+    assert f"void {cb.KERNEL_NAME}(" in src
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as exc:  # no CuPy, or no NVRTC library: nothing to compile with
+        pytest.skip(f"NVRTC is not usable here ({type(exc).__name__}); compiled by the gpu tests")
+    prog = nvrtc.createProgram(src, "fused_adam_step.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*cb.KERNEL_OPTIONS, "-arch=compute_80"])
+        except nvrtc.NVRTCError:
+            pytest.fail("the fused kernel does not compile:\n" + nvrtc.getProgramLog(prog))
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert cb.KERNEL_NAME in ptx
+    assert "fma" not in ptx  # --fmad=false: rounds like NumPy's separate multiply and add
+
+
+# -- CupyBackend's chunk logic, run on NumPy arrays --------------------------
+
+def test_device_token_slices_equal_corpus_step_tokens(names_corpus):
+    model = ModelConfig(16, 1, 4, 8)  # short block: long names get truncated
+    backend = HostLogicBackend(model, TrainConfig(num_steps=10), names_corpus)
+    for step in (0, 1, 2, 100, len(names_corpus) - 1, len(names_corpus), 3 * len(names_corpus) + 5):
+        got, want = backend._tokens(step), names_corpus.step_tokens(step, model.block_size)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_chunked_logic_trains_like_the_numpy_backend(names_corpus):
+    preset = PRESETS["tiny"].with_steps(60)
+    ref = NumpyBackend(preset.model, preset.train, names_corpus)
+    dev = HostLogicBackend(preset.model, preset.train, names_corpus)
+    want = np.concatenate([ref.train(10) for _ in range(5)])
+    got = np.concatenate([dev.train(k) for k in (1, 7, 13, 4, 25)])
+    assert got.shape == (50,) and np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert 3.0 < want[0] < 3.6  # about log(27): the run really trained from a fresh init
+    assert_same_state(dev, ref)
+    np.testing.assert_allclose(dev.loss_history, ref.loss_history, rtol=1e-6, atol=1e-6)
+    assert dev.sample(5, seed=3) == ref.sample(5, seed=3)
+
+
+def _poisoned(model, corpus, train, position):
+    """init_params with one position embedding set to NaN: steps on documents that
+    reach that position get a NaN loss, shorter ones train normally."""
+    backend = NumpyBackend(model, train, corpus)
+    params = backend.get_state().params
+    wpe = next(s for s in backend.specs if s.name == "wpe")
+    params[wpe.offset + position * model.n_embd] = np.nan
+    return params
+
+
+def test_divergence_mid_chunk_keeps_the_parameters_from_before_it():
+    corpus = Corpus(["ab", "abc", "abcdefgh", "a", "b"], shuffled=True)
+    model, train = ModelConfig(8, 1, 2, 16), TrainConfig(num_steps=20)
+    params = _poisoned(model, corpus, train, position=6)  # doc 2 (9 positions) reaches it
+    ref, dev = (cls(model, train, corpus, params.copy()) for cls in (NumpyBackend, HostLogicBackend))
+    errors = []
+    for backend in (ref, dev):
+        with pytest.raises(TrainingDiverged) as info:
+            backend.train(5)
+        errors.append(info.value)
+    assert [e.step for e in errors] == [2, 2] and np.isnan(errors[1].loss)
+    assert dev.step == 2 and len(dev.loss_history) == 2 and np.isfinite(dev.loss_history).all()
+    assert_same_state(dev, ref)
+    untouched = HostLogicBackend(model, train, corpus, params.copy())
+    untouched.train(2)  # exactly the two good steps
+    assert_same_state(dev, untouched, rtol=0, atol=0)
+
+
+def test_out_of_memory_mid_chunk_keeps_the_finished_steps(monkeypatch, names_corpus):
+    preset = PRESETS["tiny"].with_steps(30)
+    ref = NumpyBackend(preset.model, preset.train, names_corpus)
+    dev = HostLogicBackend(preset.model, preset.train, names_corpus)
+    calls = {"n": 0}
+    real = cb.loss_and_grad
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise MemoryError("simulated: out of memory allocating 1.2 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cb, "loss_and_grad", failing)
+    with pytest.raises(BackendError, match="ran out of memory") as info:
+        dev.train(6)
+    message = str(info.value)
+    assert "training step 4" in message and "stopped after step 3" in message
+    assert f"{dev.num_params:,} parameters" in message and "smaller preset" in message
+    ref.train(3)
+    assert dev.step == 3
+    np.testing.assert_allclose(dev.loss_history, ref.loss_history, rtol=1e-6)
+    assert_same_state(dev, ref)
+    monkeypatch.setattr(cb, "loss_and_grad", real)
+    np.testing.assert_allclose(dev.train(4), ref.train(4), rtol=1e-6, atol=1e-6)
+
+
+def test_out_of_memory_while_opening_becomes_backend_error(monkeypatch):
+    def no_memory(self, params):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(nb.NumpyBackend, "_setup", no_memory)
+    model = PRESETS["s128"].model
+    corpus = Corpus.from_lines(SMALL_NAMES)
+    with pytest.raises(BackendError, match="ran out of memory while opening") as info:
+        HostLogicBackend(model, TrainConfig(num_steps=5), corpus)
+    assert f"{model.num_params(corpus.vocab_size):,} parameters" in str(info.value)
+
+
+def test_closed_backend_says_so():
+    backend = HostLogicBackend(ModelConfig(8, 1, 2, 8), TrainConfig(num_steps=5),
+                               Corpus.from_lines(SMALL_NAMES))
+    backend.train(1)
+    backend.close()
+    with pytest.raises(BackendError, match="closed"):
+        backend.train(1)
+    with pytest.raises(BackendError, match="closed"):
+        backend.sample(1)
+    with pytest.raises(BackendError, match="closed"):
+        backend.get_params()
+
+
+# -- the availability probe (our logic, with the import replaced) ------------
+
+class FakeCudaError(RuntimeError):
+    NAMES = {35: "cudaErrorInsufficientDriver", 100: "cudaErrorNoDevice",
+             803: "cudaErrorSystemDriverMismatch", 999: "cudaErrorUnknown"}
+
+    def __init__(self, status):
+        self.status = status
+        super().__init__(f"{self.NAMES.get(status, 'cudaError')}: status {status}")
+
+
+def fake_cupy(count=1, count_error=None, driver=12090, runtime_version=12090, kernel_error=None):
+    """A stand-in with the attributes the probe touches; arithmetic by NumPy."""
+    def get_device_count():
+        if count_error is not None:
+            raise FakeCudaError(count_error)
+        return count
+
+    def arange(n, dtype):
+        if kernel_error is not None:
+            raise kernel_error
+        return np.arange(n, dtype=dtype)
+
+    runtime = types.SimpleNamespace(
+        CUDARuntimeError=FakeCudaError, getDeviceCount=get_device_count,
+        driverGetVersion=lambda: driver, runtimeGetVersion=lambda: runtime_version,
+        getDeviceProperties=lambda i: {"name": b"NVIDIA Test GPU"})
+    cuda = types.SimpleNamespace(runtime=runtime, Device=lambda: types.SimpleNamespace(id=0))
+    module = types.SimpleNamespace(cuda=cuda, arange=arange, float32=np.float32, __version__="14.0")
+    return lambda: module
+
+
+def test_probe_says_how_to_install_when_cupy_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail
+    assert cb.probe_cupy() == (False, "CuPy is not installed: pip install 'microgpt-gui[cuda]'")
+
+
+def test_probe_names_a_broken_cupy_install():
+    def broken():
+        raise ModuleNotFoundError("No module named 'cuda'", name="cuda")
+
+    ok, reason = cb.probe_cupy(broken)
+    assert not ok and "does not import" in reason and "No module named 'cuda'" in reason
+    assert cb.INSTALL_HINT in reason
+
+
+def test_probe_tells_no_driver_from_an_old_driver():
+    ok, reason = cb.probe_cupy(fake_cupy(count_error=35, driver=0))
+    assert not ok and reason.startswith("no NVIDIA driver found")
+    ok, reason = cb.probe_cupy(fake_cupy(count_error=35, driver=11080, runtime_version=12090))
+    assert not ok and reason.startswith("the NVIDIA driver is too old for this CuPy")
+    assert "supports CUDA 11.8" in reason and "needs CUDA 12.9" in reason
+
+
+def test_probe_reports_no_device(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cb.probe_cupy(fake_cupy(count=0)) == (False, "no CUDA device found")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    ok, reason = cb.probe_cupy(fake_cupy(count_error=100))
+    assert not ok and reason.startswith("no CUDA device found")
+    assert "CUDA_VISIBLE_DEVICES is set to ''" in reason
+
+
+def test_probe_reports_other_cuda_failures_and_broken_libraries():
+    ok, reason = cb.probe_cupy(fake_cupy(count_error=803))
+    assert not ok and "reboot" in reason
+    ok, reason = cb.probe_cupy(fake_cupy(count_error=999))
+    assert not ok and reason.startswith("CUDA did not start") and "cudaErrorUnknown" in reason
+    ok, reason = cb.probe_cupy(fake_cupy(kernel_error=OSError("libnvrtc.so.12: cannot open")))
+    assert not ok and "could not run a test kernel" in reason and "libnvrtc.so.12" in reason
+    assert "cupy-cuda12x[ctk]" in reason
+
+
+def test_probe_accepts_a_device_that_computes():
+    assert cb.probe_cupy(fake_cupy()) == (True, "CuPy 14.0 on NVIDIA Test GPU")
+
+
+def test_registry_lists_cupy_and_open_fails_clearly_without_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setattr(cb, "_probe_result", None)
+    info = {b.name: b for b in list_backends()}
+    assert info["cupy"].available is False
+    assert info["cupy"].reason == "CuPy is not installed: pip install 'microgpt-gui[cuda]'"
+    assert info["numpy"].available
+    with pytest.raises(BackendError, match=r"backend cupy is not available: CuPy is not installed"):
+        open_backend("cupy", ModelConfig(), TrainConfig(num_steps=2), Corpus.from_lines(SMALL_NAMES))
+    with pytest.raises(BackendError, match="pip install 'microgpt-gui\\[cuda\\]'"):
+        cb.CupyBackend(ModelConfig(), TrainConfig(num_steps=2), Corpus.from_lines(SMALL_NAMES))
+
+
+def test_list_backends_survives_a_probe_that_raises(monkeypatch):
+    def explode():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(cb, "probe", explode)
+    info = {b.name: b for b in list_backends()}
+    assert info["cupy"].available is False and "driver exploded" in info["cupy"].reason
+
+
+# -- on a real GPU -----------------------------------------------------------
+
+def _gpu_reason():
+    available, reason = cb.probe()
+    return None if available else reason
+
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cupy():
+    reason = _gpu_reason()
+    if reason:
+        pytest.skip(f"needs CuPy and a CUDA device: {reason}")
+    import cupy
+
+    return cupy
+
+
+@gpu
+def test_gpu_kernel_equals_its_numpy_reference(cupy):
+    rng = np.random.default_rng(1)
+    n = 300_001  # not a multiple of the block, and more than one grid-stride pass
+    p, m, g = rng.normal(size=(3, n)).astype(np.float32)
+    v = rng.random(n).astype(np.float32)
+    tc = TrainConfig(num_steps=100)
+    host = [a.copy() for a in (p, m, v)]
+    h_losses, h_ok = np.zeros(3, np.float32), np.ones(4, np.int32)
+    d = [cupy.asarray(a) for a in (p, m, v)]
+    d_g, d_losses, d_ok = cupy.asarray(g), cupy.zeros(3, cupy.float32), cupy.ones(4, cupy.int32)
+    kernel = cb._compiled_kernel(cupy)
+    grid = min((n + cb.BLOCK - 1) // cb.BLOCK, 64)
+    for i, loss in enumerate((2.0, np.nan, 1.5)):
+        scalars = cb.adam_scalars(tc, i + 3)
+        cb.fused_step_host(*host, g, np.float32(loss), h_losses, h_ok, i, scalars)
+        kernel((grid,), (cb.BLOCK,), (*d, d_g, cupy.asarray(np.float32(loss)), d_losses, d_ok,
+                                      np.int32(i), *scalars, np.int64(n)))
+    for dev, ref in zip(d, host):
+        np.testing.assert_array_equal(cupy.asnumpy(dev), ref)
+    np.testing.assert_array_equal(cupy.asnumpy(d_losses), h_losses)
+    np.testing.assert_array_equal(cupy.asnumpy(d_ok), h_ok)
+    assert not np.array_equal(host[0], p)
+
+
+@gpu
+@pytest.mark.parametrize("preset_name", ["tiny", "s64"])
+def test_gpu_parity_with_numpy_over_50_steps(cupy, names_corpus, preset_name):
+    preset = PRESETS[preset_name].with_steps(100)
+    ref = open_backend("numpy", preset.model, preset.train, names_corpus)
+    dev = open_backend("cupy", preset.model, preset.train, names_corpus)
+    try:
+        np.testing.assert_array_equal(dev.get_state().params, ref.get_state().params)
+        want = np.concatenate([ref.train(10) for _ in range(5)])
+        got = np.concatenate([dev.train(k) for k in (1, 9, 20, 20)])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        # Adam divides by sqrt(v): a gradient near zero amplifies float32 rounding, hence 1e-3 here
+        np.testing.assert_allclose(dev.get_state().params, ref.get_state().params, rtol=0, atol=1e-3)
+        assert dev.step == ref.step == 50
+    finally:
+        dev.close()
+
+
+@gpu
+def test_gpu_samples_are_valid_names(cupy, names_corpus):
+    preset = PRESETS["tiny"].with_steps(100)
+    dev = open_backend("cupy", preset.model, preset.train, names_corpus)
+    try:
+        dev.train(100)
+        samples = dev.sample(20, temperature=0.5, seed=7)
+        assert len(samples) == 20 and samples == dev.sample(20, temperature=0.5, seed=7)
+        alphabet = set(names_corpus.chars)
+        assert all(set(s) <= alphabet and len(s) <= preset.model.block_size for s in samples)
+        assert sum(len(s) > 0 for s in samples) >= 15
+    finally:
+        dev.close()
+
+
+@gpu
+def test_gpu_divergence_matches_numpy(cupy):
+    corpus = Corpus(["ab", "abc", "abcdefgh", "a", "b"], shuffled=True)
+    model, train = ModelConfig(8, 1, 2, 16), TrainConfig(num_steps=20)
+    params = _poisoned(model, corpus, train, position=6)
+    ref = NumpyBackend(model, train, corpus, params.copy())
+    dev = open_backend("cupy", model, train, corpus, params.copy())
+    try:
+        for backend in (ref, dev):
+            with pytest.raises(TrainingDiverged) as info:
+                backend.train(5)
+            assert info.value.step == 2
+        assert_same_state(dev, ref, rtol=1e-5, atol=1e-6)
+    finally:
+        dev.close()
+
+
+@gpu
+def test_gpu_checkpoint_resumes_on_numpy(cupy, names_corpus, tmp_path):
+    preset = PRESETS["tiny"].with_steps(40)
+    dev = open_backend("cupy", preset.model, preset.train, names_corpus)
+    try:
+        dev.train(20)
+        dev.save(tmp_path / "run.npz")
+        on_numpy = load_checkpoint(tmp_path / "run.npz", backend="numpy")
+        back = load_checkpoint(tmp_path / "run.npz", backend="cupy")
+        assert on_numpy.step == back.step == 20
+        np.testing.assert_array_equal(on_numpy.loss_history, dev.loss_history)
+        np.testing.assert_array_equal(on_numpy.get_state().params, dev.get_state().params)
+        np.testing.assert_array_equal(back.get_state().v, dev.get_state().v)
+        going_on = dev.train(5)
+        np.testing.assert_allclose(on_numpy.train(5), going_on, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(back.train(5), going_on, rtol=0, atol=1e-6)
+        back.close()
+    finally:
+        dev.close()
+
+
+@gpu
+def test_gpu_out_of_memory_becomes_backend_error_and_recovers(cupy, names_corpus):
+    pool = cupy.get_default_memory_pool()
+    preset = PRESETS["s128"].with_steps(10)
+    warm = open_backend("cupy", preset.model, preset.train, names_corpus)
+    warm.train(3)  # cuBLAS handle and this step's kernels loaded before memory runs out
+    warm.close()
+    dev = open_backend("cupy", preset.model, preset.train, names_corpus)
+    before = dev.get_state()
+    pool.free_all_blocks()
+    hog = []
+    try:
+        size = cupy.cuda.runtime.memGetInfo()[0]
+        while size >= 512:  # take all but a few hundred bytes of the GPU's memory
+            try:
+                hog.append(cupy.empty(size, dtype=cupy.uint8))
+            except cupy.cuda.memory.OutOfMemoryError:
+                size //= 2
+        with pytest.raises(BackendError, match="ran out of memory"):
+            dev.train(2)
+        with pytest.raises(BackendError, match="ran out of memory while opening"):
+            open_backend("cupy", PRESETS["s256"].model, preset.train, names_corpus)
+    finally:
+        hog.clear()
+        pool.free_all_blocks()
+    assert dev.step == 0
+    after = dev.get_state()
+    np.testing.assert_array_equal(after.params, before.params)
+    np.testing.assert_array_equal(after.m, before.m)
+    ref = NumpyBackend(preset.model, preset.train, names_corpus)
+    np.testing.assert_allclose(dev.train(2), ref.train(2), rtol=0, atol=1e-4)
+    dev.close()
