@@ -99,7 +99,7 @@ class LossPlot(QWidget):
         item.setLabel("left", "loss")
         item.showGrid(x=True, y=True, alpha=0.2)
         item.addLegend(offset=(-10, 10))
-        self.raw_curve = item.plot(name="loss", pen=pg.mkPen((120, 160, 220), width=1))
+        self.raw_curve = item.plot(name="loss", pen=pg.mkPen((110, 150, 215, 150), width=1))
         self.smooth_curve = item.plot(name="smoothed", pen=pg.mkPen((20, 70, 170), width=2))
         for curve in (self.raw_curve, self.smooth_curve):
             curve.setClipToView(True)

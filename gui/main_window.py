@@ -368,6 +368,10 @@ class MainWindow(QMainWindow):
             self._reset_progress()
         self._update_progress_text()
         self._update_controls()
+        messages = {w.RUNNING: "Training...", w.PAUSED: "Paused", w.READY: "Ready to resume training",
+                    w.DONE: "Run ended: you can sample, save a checkpoint, or train again"}
+        if state in messages:
+            self.statusBar().showMessage(messages[state], 0 if state != w.RUNNING else 5000)
         self.stateChanged.emit(state)
 
     # display ----------------------------------------------------------------

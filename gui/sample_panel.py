@@ -1,10 +1,10 @@
 """The sampling panel: temperature, number of samples, seed, Sample, the names, Copy."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFormLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget,
-                               QAbstractItemView, QPushButton, QSlider, QSpinBox, QVBoxLayout)
+                               QAbstractItemView, QListView, QPushButton, QSlider, QSpinBox, QVBoxLayout)
 
 TEMPERATURE_SCALE = 10  # slider ticks per unit: 1..20 is 0.1..2.0
 
@@ -34,6 +34,13 @@ class SamplePanel(QGroupBox):
         self.info = QLabel(" ", objectName="sampleInfo")
         QShortcut(QKeySequence.Copy, self.samples_list, self.copy_to_clipboard)
 
+        self.samples_list.setFlow(QListView.LeftToRight)  # names fill rows, then wrap
+        self.samples_list.setWrapping(True)
+        self.samples_list.setResizeMode(QListView.Adjust)
+        self.samples_list.setGridSize(QSize(130, 24))
+        self.samples_list.setTextElideMode(Qt.ElideNone)
+        self.setMinimumHeight(190)
+
         temperature = QHBoxLayout()
         temperature.addWidget(self.temperature_slider, 1)
         temperature.addWidget(self.temperature_label)
@@ -44,11 +51,18 @@ class SamplePanel(QGroupBox):
         buttons = QHBoxLayout()
         buttons.addWidget(self.sample_button)
         buttons.addWidget(self.copy_button)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addLayout(buttons)
+        controls = QVBoxLayout()
+        controls.addLayout(form)
+        controls.addLayout(buttons)
+        controls.addStretch(1)
+        controls.addWidget(self.info)
+        self.info.setWordWrap(True)
+        layout = QHBoxLayout(self)
+        layout.addLayout(controls)
         layout.addWidget(self.samples_list, 1)
-        layout.addWidget(self.info)
+        for control in (self.temperature_slider, self.count_spin, self.seed_spin):
+            control.setMaximumWidth(160)
+        self.temperature_slider.setMinimumWidth(120)
 
         self.temperature_slider.valueChanged.connect(self._show_temperature)
         self.sample_button.clicked.connect(self._request)
