@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QIcon, QKeySequence
+from PySide6.QtGui import QIcon, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
                                QPushButton, QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
@@ -19,7 +19,8 @@ import engine
 
 from . import worker as w
 from .config_panel import ConfigPanel
-from .dialogs import DefaultDatasetDownload, about_html, show_message_box
+from .dialogs import DefaultDatasetDownload, show_message_box
+from .file_actions import FileActions
 from .loss_plot import LossPlot
 from .sample_panel import SamplePanel
 
@@ -40,7 +41,7 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class MainWindow(QMainWindow):
+class MainWindow(FileActions, QMainWindow):
     stateChanged = Signal(str)     # the worker's state, or "none" with no run
     datasetChanged = Signal(str)   # path of the dataset now in use
 
@@ -126,29 +127,7 @@ class MainWindow(QMainWindow):
         self.reset_button.clicked.connect(self.reset)
         self.sample_panel.sampleRequested.connect(self.request_samples)
         self.loss_plot.smoothingChanged.connect(self._update_status)
-
-    def _build_menus(self) -> None:
-        def action(menu, text, slot, shortcut=None, name=None):
-            act = QAction(text, self, objectName=name or "")
-            if shortcut is not None:
-                act.setShortcut(QKeySequence(shortcut))
-            act.triggered.connect(lambda checked=False: slot())
-            menu.addAction(act)
-            return act
-
-        file_menu = self.menuBar().addMenu("&File")
-        action(file_menu, "&Open dataset...", self.open_dataset, QKeySequence.Open, "openDatasetAction")
-        file_menu.addSeparator()
-        self.save_action = action(file_menu, "&Save checkpoint...", self.save_checkpoint,
-                                  QKeySequence.Save, "saveCheckpointAction")
-        action(file_menu, "&Load checkpoint...", self.load_checkpoint, "Ctrl+Shift+O", "loadCheckpointAction")
-        file_menu.addSeparator()
-        action(file_menu, "Export loss as &CSV...", self.export_csv, "Ctrl+E", "exportCsvAction")
-        action(file_menu, "Export plot as &PNG...", self.export_png, "Ctrl+Shift+E", "exportPngAction")
-        file_menu.addSeparator()
-        action(file_menu, "&Quit", self.close, QKeySequence.Quit, "quitAction")
-        help_menu = self.menuBar().addMenu("&Help")
-        action(help_menu, "&About microgpt-gui", self.show_about, None, "aboutAction")
+        self.loss_plot.redrawn.connect(self._on_redrawn)
 
     # messages ---------------------------------------------------------------
     def show_message(self, kind: str, title: str, text: str, details: str = "") -> None:
@@ -156,10 +135,6 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(text.splitlines()[0] if text else "", 15000)
         if self.message_hook is not None:
             self.message_hook(self, kind, title, text, details)
-
-    def show_about(self) -> None:
-        self.show_message("info", "About microgpt-gui", about_html(self.run_info.backend if self.run_info
-                                                                   else self.config_panel.backend_name()))
 
     # dataset ----------------------------------------------------------------
     def open_dataset(self, path: str | None = None) -> bool:
@@ -318,16 +293,18 @@ class MainWindow(QMainWindow):
     def _on_losses(self, losses: np.ndarray, first_step: int) -> None:
         if not self._is_current():
             return
-        self.loss_plot.append(losses, first_step)
-        step = first_step + len(losses)
-        now = time.monotonic()
+        self.loss_plot.append(losses, first_step)  # progress and status follow its redraw
+        step, now = first_step + len(losses), time.monotonic()
         if self._rate_mark is not None and now > self._rate_mark[0] and step > self._rate_mark[1]:
             rate = (step - self._rate_mark[1]) / (now - self._rate_mark[0])
             self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
         if self.state == w.RUNNING:
             self._rate_mark = (now, step)
-        self.progress_bar.setValue(step)
-        self._update_progress_text()
+
+    def _on_redrawn(self) -> None:
+        if self.run_info is not None and self.state != w.OPENING:
+            self.progress_bar.setValue(self.loss_plot.series.n)
+            self._update_progress_text()
         self._update_status()
 
     @Slot(list, int)
@@ -417,81 +394,6 @@ class MainWindow(QMainWindow):
         last = self.loss_plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")
         labels["smoothed"].setText(f"Smoothed {last[1]:.4f}" if last else "Smoothed -")
-
-    # files ------------------------------------------------------------------
-    def save_checkpoint(self, path: str | None = None) -> None:
-        if self.session is None or self.state not in (w.READY, w.RUNNING, w.PAUSED, w.DONE):
-            self.show_message("info", "Nothing to save", "Train a model first.")
-            return
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Save checkpoint", "microgpt.npz", "Checkpoints (*.npz)")
-            if not path:
-                return
-        self.session.worker.request_save(str(path))
-
-    def load_checkpoint(self, path: str | None = None) -> None:
-        if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Load checkpoint", "", "Checkpoints (*.npz);;All files (*)")
-            if not path:
-                return
-        try:  # check it here so a bad file leaves the current run alone
-            engine.read_checkpoint(path)
-        except engine.CheckpointError as exc:
-            self.show_message("error", "Cannot load this checkpoint", str(exc))
-            return
-        self._start_session(w.RunSpec(self.config_panel.backend_name(), checkpoint=str(path), autostart=False))
-
-    def export_csv(self, path: str | None = None) -> None:
-        losses = self.session.worker.loss_history() if self.session else np.empty(0)
-        if not len(losses):
-            self.show_message("info", "Nothing to export", "There is no loss history yet.")
-            return
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Export loss", "loss.csv", "CSV files (*.csv)")
-            if not path:
-                return
-        _, _, smoothed = self.loss_plot.data()
-        n = min(len(losses), len(smoothed))
-        table = np.column_stack([np.arange(n), losses[:n], smoothed[:n]])
-        try:
-            np.savetxt(path, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",",
-                       header=f"step,loss,smoothed_{self.loss_plot.smoothing:.3f}", comments="")
-        except OSError as exc:
-            self.show_message("error", "Export failed", f"could not write {path}: {exc.strerror or exc}")
-
-    def export_png(self, path: str | None = None) -> None:
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Export plot", "loss.png", "PNG images (*.png)")
-            if not path:
-                return
-        if not self.loss_plot.plot.grab().save(str(path), "PNG"):
-            self.show_message("error", "Export failed", f"could not write {path}")
-
-    # settings and closing -------------------------------------------------------
-    def _restore_settings(self) -> None:
-        s = self.settings
-        geometry = s.value("geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1200, 760)
-        self.config_panel.restore_settings(s)
-        self.sample_panel.set_temperature(float(s.value("sampling/temperature", 0.5)))
-        self.sample_panel.count_spin.setValue(int(s.value("sampling/count", 10)))
-        self.loss_plot.smoothing_slider.setValue(int(s.value("plot/smoothing", 950)))
-        self.loss_plot.set_log_y(str(s.value("plot/log_y", "false")).lower() == "true")
-
-    def save_settings(self) -> None:
-        s = self.settings
-        s.setValue("geometry", self.saveGeometry())
-        if self.dataset_path:
-            s.setValue("dataset", self.dataset_path)
-        self.config_panel.save_settings(s)
-        s.setValue("sampling/temperature", self.sample_panel.temperature)
-        s.setValue("sampling/count", self.sample_panel.count_spin.value())
-        s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
-        s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
-        s.sync()
 
     def closeEvent(self, event) -> None:
         self.save_settings()

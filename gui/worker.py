@@ -11,6 +11,7 @@ backend; `step` and `loss_history()` read them under a lock.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 import engine
 
 TARGET_CHUNK_S = 0.05  # each backend.train(k) call should take about this long
+# While the worker computes in Python, the GUI thread waits for the GIL at each of
+# its many short Qt calls, up to one switch interval (5 ms by default) every time;
+# a shorter interval keeps the event loop's stalls small.
+GIL_SWITCH_INTERVAL_S = 0.0005
 MAX_STEPS_PER_CHUNK = 4096
 
 # worker states (stateChanged carries one of these)
@@ -141,7 +146,8 @@ class TrainingWorker(QObject):
     def _open(self) -> engine.Backend:
         spec = self.spec
         self.compiling.emit(spec.backend)
-        self.status.emit(f"Opening backend {spec.backend}...")
+        self.status.emit(f"Opening backend {spec.backend} (a compiled backend builds its kernels "
+                         "on first use; that can take a while)...")
         if spec.checkpoint is not None:
             return engine.load_checkpoint(spec.checkpoint, backend=spec.backend)
         return engine.open_backend(spec.backend, spec.model, spec.train, spec.corpus)
@@ -159,8 +165,7 @@ class TrainingWorker(QObject):
                 self._handle(command)
             elif self.state == RUNNING:
                 self._train_chunk()
-                # let the GUI thread take the GIL between chunks
-                QThread.yieldCurrentThread()
+                time.sleep(0)  # hand the GIL to the GUI thread if it is waiting
 
     def _handle(self, command: tuple) -> None:
         name = command[0]
@@ -244,6 +249,7 @@ class Session:
         self.worker.finished.connect(self.thread.quit)
 
     def start(self) -> None:
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self.thread.start()
 
     def shutdown(self, timeout_ms: int = 30000) -> bool:
