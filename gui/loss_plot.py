@@ -8,6 +8,7 @@ the view and downsamples, so a million points stay smooth.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -31,9 +32,7 @@ def ema(values: np.ndarray, weight: float, carry: float = 0.0, start: int = 0) -
     out = np.empty(len(x))
     if not len(x):
         return out, carry
-    lags = np.arange(EMA_BLOCK)
-    decay = np.where(lags[:, None] >= lags[None, :], weight ** np.maximum(lags[:, None] - lags[None, :], 0), 0.0)
-    powers = weight ** (lags + 1)
+    decay, powers = _ema_kernel(weight)
     for lo in range(0, len(x), EMA_BLOCK):
         block = x[lo:lo + EMA_BLOCK]
         n = len(block)
@@ -42,6 +41,15 @@ def ema(values: np.ndarray, weight: float, carry: float = 0.0, start: int = 0) -
         index = start + lo + np.arange(n)
         out[lo:lo + n] = biased / (1 - weight ** (index + 1.0)) if weight > 0 else biased
     return out, carry
+
+
+@functools.lru_cache(maxsize=4)
+def _ema_kernel(weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """The block's lower-triangular decay matrix weight^(j-i) and weight^(j+1)."""
+    lags = np.arange(EMA_BLOCK)
+    gaps = lags[:, None] - lags[None, :]
+    decay = np.where(gaps >= 0, weight ** np.maximum(gaps, 0), 0.0)
+    return decay, weight ** (lags + 1.0)
 
 
 class GrowingSeries:
@@ -98,11 +106,11 @@ class LossPlot(QWidget):
         item = self.plot.getPlotItem()
         item.setLabel("bottom", "step")
         item.setLabel("left", "loss")
-        item.showGrid(x=True, y=True, alpha=0.2)
+        # no grid: pyqtgraph replays the axes' grid lines on every paint, half its cost
         item.addLegend(offset=(-10, 10))
         # one downsampled bin per pixel column (peak keeps each bin's min and max):
         # pyqtgraph's default of 5 costs twice the paint time for no visible gain
-        self.raw_curve = item.plot(name="loss", pen=pg.mkPen((110, 150, 215), width=1),
+        self.raw_curve = item.plot(name="loss", pen=pg.mkPen((165, 190, 232), width=1),
                                    autoDownsampleFactor=1.0)
         self.smooth_curve = item.plot(name="smoothed", pen=pg.mkPen((20, 70, 170), width=2),
                                       autoDownsampleFactor=1.0)
