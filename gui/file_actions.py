@@ -12,6 +12,12 @@ from . import worker as w
 from .dialogs import about_html
 
 
+def standard_keys(key: QKeySequence.StandardKey, fallback: str) -> list[QKeySequence]:
+    """The platform's keys for a standard action, or fallback where it defines none
+    (Qt's offscreen and some minimal platforms have no key for Quit)."""
+    return QKeySequence.keyBindings(key) or [QKeySequence(fallback)]
+
+
 class FileActions:
     """File menu, Help menu and settings, for MainWindow (which provides the widgets)."""
 
@@ -19,22 +25,22 @@ class FileActions:
         def action(menu, text, slot, shortcut=None, name=None):
             act = QAction(text, self, objectName=name or "")
             if shortcut is not None:
-                act.setShortcut(QKeySequence(shortcut))
+                act.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
             act.triggered.connect(lambda checked=False: slot())
             menu.addAction(act)
             return act
 
         file_menu = self.menuBar().addMenu("&File")
-        action(file_menu, "&Open dataset...", self.open_dataset, QKeySequence.Open, "openDatasetAction")
+        action(file_menu, "&Open dataset...", self.open_dataset, standard_keys(QKeySequence.Open, "Ctrl+O"), "openDatasetAction")
         file_menu.addSeparator()
         self.save_action = action(file_menu, "&Save checkpoint...", self.save_checkpoint,
-                                  QKeySequence.Save, "saveCheckpointAction")
+                                  standard_keys(QKeySequence.Save, "Ctrl+S"), "saveCheckpointAction")
         action(file_menu, "&Load checkpoint...", self.load_checkpoint, "Ctrl+Shift+O", "loadCheckpointAction")
         file_menu.addSeparator()
         action(file_menu, "Export loss as &CSV...", self.export_csv, "Ctrl+E", "exportCsvAction")
         action(file_menu, "Export plot as &PNG...", self.export_png, "Ctrl+Shift+E", "exportPngAction")
         file_menu.addSeparator()
-        action(file_menu, "&Quit", self.close, QKeySequence.Quit, "quitAction")
+        action(file_menu, "&Quit", self.close, standard_keys(QKeySequence.Quit, "Ctrl+Q"), "quitAction")
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "&About microgpt-gui", self.show_about, None, "aboutAction")
 

@@ -307,3 +307,23 @@ def test_settings_persist_between_windows(make_window, names_path):
     assert widget(again, QSpinBox, "n_embdSpin").value() == 32
     assert again.sample_panel.temperature == pytest.approx(1.3)
     assert again.dataset_path == str(names_path)
+
+
+def test_menus_about_and_hover_readout(make_window, names_path, qtbot):
+    from PySide6.QtCore import QPointF
+    from PySide6.QtGui import QAction
+
+    window = make_window(names_path)
+    for name in ("openDatasetAction", "saveCheckpointAction", "loadCheckpointAction", "exportCsvAction",
+                 "exportPngAction", "quitAction"):
+        assert not widget(window, QAction, name).shortcut().isEmpty(), name
+    train_to_end(qtbot, window, 30)
+    widget(window, QAction, "aboutAction").trigger()
+    kind, title, text = window.messages[-1]
+    assert "numpy" in text and engine.__version__ in text and np.__version__ in text
+    plot = window.loss_plot
+    view = plot.plot.getPlotItem().vb
+    view.setRange(xRange=(0, 29), yRange=(1, 4), padding=0)
+    losses = window.session.worker.loss_history()
+    plot.plot.scene().sigMouseMoved.emit(view.mapViewToScene(QPointF(12.2, 2.0)))
+    assert plot.readout.text().startswith(f"step 12: loss {losses[12]:.4f}")
