@@ -42,11 +42,19 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
                   file=sys.stderr if failed else sys.stdout)
             app.exit(1 if failed else 0)
 
+    def on_message(kind: str, text: str):
+        if quit_when_done and window.corpus is None and kind in ("error", "warning"):
+            print(f"microgpt-gui: no dataset: {text}", file=sys.stderr)
+            app.exit(1)
+
     window.stateChanged.connect(on_state)
     if window.corpus is not None:
         QTimer.singleShot(0, start)
+    elif quit_when_done and any(kind == "error" for kind, *_ in window.messages):
+        QTimer.singleShot(0, lambda: on_message("error", window.messages[-1][2]))
     else:
         window.datasetChanged.connect(start)
+        window.messageShown.connect(on_message)
 
 
 def run_gui(argv: list[str]) -> int:

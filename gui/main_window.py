@@ -44,6 +44,7 @@ def format_duration(seconds: float) -> str:
 class MainWindow(FileActions, QMainWindow):
     stateChanged = Signal(str)     # the worker's state, or "none" with no run
     datasetChanged = Signal(str)   # path of the dataset now in use
+    messageShown = Signal(str, str)  # kind ("error", "warning", "info"), text
 
     def __init__(self, data_path: str | os.PathLike | None = None, parent=None):
         super().__init__(parent)
@@ -135,6 +136,7 @@ class MainWindow(FileActions, QMainWindow):
         self.statusBar().showMessage(text.splitlines()[0] if text else "", 15000)
         if self.message_hook is not None:
             self.message_hook(self, kind, title, text, details)
+        self.messageShown.emit(kind, text)
 
     # dataset ----------------------------------------------------------------
     def open_dataset(self, path: str | None = None) -> bool:

@@ -32,7 +32,8 @@ class SamplePanel(QGroupBox):
         self.samples_list = QListWidget(objectName="samplesList")
         self.samples_list.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.info = QLabel(" ", objectName="sampleInfo")
-        QShortcut(QKeySequence.Copy, self.samples_list, self.copy_to_clipboard)
+        copy = QShortcut(QKeySequence.Copy, self.samples_list, self.copy_to_clipboard)
+        copy.setContext(Qt.WidgetWithChildrenShortcut)  # Ctrl+C elsewhere copies as usual
 
         self.samples_list.setFlow(QListView.LeftToRight)  # names fill rows, then wrap
         self.samples_list.setWrapping(True)

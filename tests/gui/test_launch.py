@@ -40,3 +40,13 @@ def test_microgpt_gui_launches_trains_and_exits_under_xcb(xvfb_display, names_pa
     assert result.returncode == 0, result.stderr[-2000:]
     assert "run ended at step 20 on the xcb platform" in result.stdout
     assert (tmp_path / "settings.ini").is_file()  # the window closed normally and saved its settings
+
+
+def test_autorun_with_a_missing_dataset_exits_with_status_1(tmp_path):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", MICROGPT_GUI_SETTINGS=str(tmp_path / "settings.ini"))
+    missing = tmp_path / "missing.txt"
+    result = subprocess.run(
+        [sys.executable, "main.py", "--data", str(missing), "--autorun-steps", "5", "--quit-when-done"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"dataset file not found: {missing}" in result.stderr

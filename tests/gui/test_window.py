@@ -327,3 +327,18 @@ def test_menus_about_and_hover_readout(make_window, names_path, qtbot):
     losses = window.session.worker.loss_history()
     plot.plot.scene().sigMouseMoved.emit(view.mapViewToScene(QPointF(12.2, 2.0)))
     assert plot.readout.text().startswith(f"step 12: loss {losses[12]:.4f}")
+
+
+def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
+    from PySide6.QtGui import QGuiApplication
+
+    window = make_window(names_path)
+    train_to_end(qtbot, window, 20)
+    samples = widget(window, QListWidget, "samplesList")
+    click(qtbot, window, "sampleButton")
+    qtbot.waitUntil(lambda: samples.count() == 10, timeout=TIMEOUT_MS)
+    qtbot.mouseClick(widget(window, QPushButton, "copyButton"), Qt.LeftButton)
+    assert QGuiApplication.clipboard().text().split("\n") == window.sample_panel.names()
+    samples.item(3).setSelected(True)
+    window.sample_panel.copy_to_clipboard()
+    assert QGuiApplication.clipboard().text() == samples.item(3).text()
