@@ -41,13 +41,14 @@ def curve(window):
     return (np.empty(0), np.empty(0)) if x is None else (np.asarray(x), np.asarray(y))
 
 
-def reference_losses(names_path, steps, preset="tiny"):
-    """The same run straight through the engine, in one train() call."""
+def reference_losses(names_path, steps, preset="tiny", first=None):
+    """The same run (num_steps=steps) straight through the engine, in one train() call
+    of `first` steps (all of them by default)."""
     p = engine.PRESETS[preset]
     train = engine.TrainConfig(num_steps=steps, learning_rate=p.train.learning_rate,
                                init_std=p.train.init_std, seed=p.train.seed)
     backend = engine.open_backend("numpy", p.model, train, engine.load_corpus(names_path))
-    return backend.train(steps)
+    return backend.train(first or steps)
 
 
 def train_to_end(qtbot, window, steps):
@@ -109,6 +110,9 @@ def test_sampling_during_and_after_training(make_window, names_path, qtbot):
     for names in (during, after):
         assert set("".join(names)) <= alphabet
         assert any(names)
+    # sampling mid-run left training alone: the curve is the undisturbed run's
+    _, y = curve(window)
+    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_path, 100_000, first=len(y)))
 
 
 def test_pause_resume_continues_from_the_same_step(make_window, names_path, qtbot):
@@ -342,3 +346,35 @@ def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
     samples.item(3).setSelected(True)
     window.sample_panel.copy_to_clipboard()
     assert QGuiApplication.clipboard().text() == samples.item(3).text()
+
+
+def test_divergence_keeps_the_good_steps_and_reports(make_window, names_path, qtbot, monkeypatch):
+    from engine.backends.numpy_backend import NumpyBackend
+
+    bad_step = 7
+
+    class DivergingBackend(NumpyBackend):
+        """The NumPy backend, except that step 7's loss comes out NaN."""
+
+        name = "diverging"
+
+        def _train_steps(self, k):
+            if self._step + k <= bad_step:
+                return super()._train_steps(k)
+            good = super()._train_steps(bad_step - self._step) if self._step < bad_step else np.empty(0)
+            return np.append(good, np.float32(np.nan)).astype(np.float32)
+
+    monkeypatch.setitem(registry._REGISTRY, "diverging",
+                        (lambda: (True, "test backend"), lambda m, t, c, p: DivergingBackend(m, t, c, p)))
+    window = make_window(names_path)
+    assert window.config_panel.select_backend("diverging")
+    train_to_end(qtbot, window, 50)
+    kind, _, text = window.messages[-1]
+    assert kind == "error" and f"diverged at step {bad_step + 1}" in text
+    x, y = curve(window)
+    np.testing.assert_array_equal(x, np.arange(bad_step))
+    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_path, 50)[:bad_step])
+    assert window.session.worker.step == bad_step
+    assert widget(window, QPushButton, "trainButton").isEnabled()
+    click(qtbot, window, "sampleButton")  # the parameters from before the bad step still sample
+    qtbot.waitUntil(lambda: widget(window, QListWidget, "samplesList").count() > 0, timeout=TIMEOUT_MS)
