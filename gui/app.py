@@ -62,7 +62,9 @@ def run_gui(argv: list[str]) -> int:
     app = QApplication.instance() or QApplication([sys.argv[0], *argv])
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
-    app.setStyleSheet((RESOURCES / "style.qss").read_text(encoding="utf-8"))
+    style = RESOURCES / "style.qss"
+    if style.is_file():  # cosmetic: the window works without it
+        app.setStyleSheet(style.read_text(encoding="utf-8"))
     window = MainWindow(data_path=args.data)
     if args.preset:
         window.config_panel.preset_combo.setCurrentText(args.preset)
