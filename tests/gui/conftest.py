@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from gui._refcount_guard import make_singletons_immortal
+
+make_singletons_immortal()  # before pytest-qt's first Qt call (PySide6 6.12 on Python 3.11)
+
 # makemore's names.txt lives in ../shared beside the repository (never in it);
 # MICROGPT_NAMES_TXT points elsewhere (e.g. from a git worktree).
 NAMES = Path(os.environ.get("MICROGPT_NAMES_TXT")
