@@ -1,0 +1,78 @@
+"""`microgpt-gui` without a subcommand: parse the window's options, open it, run Qt."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+
+from .main_window import APPLICATION, ORGANIZATION, RESOURCES, MainWindow
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="microgpt-gui", description="Train and sample microgpt in a window.")
+    parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
+                        "(default: the last one used, else makemore's names.txt, downloaded once)")
+    parser.add_argument("--preset", help="model preset to select at start")
+    parser.add_argument("--backend", help="backend to select at start")
+    parser.add_argument("--autorun-steps", type=int, metavar="N",
+                        help="start training N steps as soon as the dataset is ready (automation, demos)")
+    parser.add_argument("--quit-when-done", action="store_true",
+                        help="with --autorun-steps: quit when the run ends (exit status 1 on an error)")
+    return parser.parse_args(argv)
+
+
+def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
+    """Train `steps` steps once a dataset is in; optionally quit when the run ends."""
+    app = QApplication.instance()
+    errors_before = len(window.messages)
+
+    def start(*_):
+        window.config_panel.steps_spin.setValue(steps)
+        if not window.start_run() and quit_when_done:
+            print(f"microgpt-gui: cannot train: {window.messages[-1][2]}", file=sys.stderr)
+            app.exit(1)
+
+    def on_state(state: str):
+        if quit_when_done and state in ("done", "failed"):
+            failed = state == "failed" or any(kind == "error" for kind, *_ in window.messages[errors_before:])
+            print(f"microgpt-gui: run {'failed' if failed else 'ended'} at step {window.loss_plot.series.n} "
+                  f"on the {app.platformName()} platform",
+                  file=sys.stderr if failed else sys.stdout)
+            app.exit(1 if failed else 0)
+
+    def on_message(kind: str, text: str):
+        if quit_when_done and window.corpus is None and kind in ("error", "warning"):
+            print(f"microgpt-gui: no dataset: {text}", file=sys.stderr)
+            app.exit(1)
+
+    window.stateChanged.connect(on_state)
+    if window.corpus is not None:
+        QTimer.singleShot(0, start)
+    elif quit_when_done and any(kind == "error" for kind, *_ in window.messages):
+        QTimer.singleShot(0, lambda: on_message("error", window.messages[-1][2]))
+    else:
+        window.datasetChanged.connect(start)
+        window.messageShown.connect(on_message)
+
+
+def run_gui(argv: list[str]) -> int:
+    args = parse_args(argv)
+    app = QApplication.instance() or QApplication([sys.argv[0], *argv])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    style = RESOURCES / "style.qss"
+    if style.is_file():  # cosmetic: the window works without it
+        app.setStyleSheet(style.read_text(encoding="utf-8"))
+    window = MainWindow(data_path=args.data)
+    if args.preset:
+        window.config_panel.preset_combo.setCurrentText(args.preset)
+    if args.backend and not window.config_panel.select_backend(args.backend):
+        print(f"microgpt-gui: backend {args.backend!r} is not available here", file=sys.stderr)
+    window.show()
+    if args.autorun_steps:
+        autorun(window, args.autorun_steps, args.quit_when_done)
+    status = app.exec()
+    window.close()
+    return status

@@ -1,0 +1,217 @@
+"""The settings column: dataset, model (preset and its fields), training values
+and backend. It turns the fields into engine configs and says why they are
+invalid; the engine's own validation is the one source of those reasons.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+import engine
+
+MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
+FIELD_RANGES = {"n_embd": (1, 4096), "n_layer": (1, 96), "n_head": (1, 128), "block_size": (2, 4096)}
+
+
+class ConfigPanel(QWidget):
+    changed = Signal()           # any field changed; configs or validity may differ
+    openDatasetRequested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._vocab_size: int | None = None
+        self._filling = False
+
+        # dataset
+        self.dataset_path = QLineEdit(objectName="datasetPath", readOnly=True)
+        self.dataset_path.setPlaceholderText("no dataset yet")
+        self.open_button = QPushButton("Open dataset...", objectName="openDatasetButton")
+        self.dataset_info = QLabel(" ", objectName="datasetInfo", wordWrap=True)
+        data_box = QGroupBox("Dataset")
+        row = QHBoxLayout()
+        row.addWidget(self.dataset_path, 1)
+        row.addWidget(self.open_button)
+        data_layout = QVBoxLayout(data_box)
+        data_layout.addLayout(row)
+        data_layout.addWidget(self.dataset_info)
+
+        # model
+        self.preset_combo = QComboBox(objectName="presetCombo")
+        self.preset_combo.addItems(list(engine.PRESETS))
+        self.fields: dict[str, QSpinBox] = {}
+        model_box = QGroupBox("Model")
+        model_form = QFormLayout(model_box)
+        model_form.addRow("Preset", self.preset_combo)
+        for name in MODEL_FIELDS:
+            lo, hi = FIELD_RANGES[name]
+            self.fields[name] = QSpinBox(objectName=name + "Spin", minimum=lo, maximum=hi)
+            model_form.addRow(name, self.fields[name])
+        self.params_label = QLabel(" ", objectName="paramsLabel")
+        self.error_label = QLabel(" ", objectName="configError", wordWrap=True)
+        self.error_label.setStyleSheet("color: #b00020;")
+        model_form.addRow("Parameters", self.params_label)
+        model_form.addRow(self.error_label)
+
+        # training
+        self.steps_spin = QSpinBox(objectName="stepsSpin", minimum=1, maximum=10_000_000)
+        self.steps_spin.setGroupSeparatorShown(True)
+        self.lr_spin = QDoubleSpinBox(objectName="learningRateSpin", decimals=6, minimum=1e-6,
+                                      maximum=1.0, singleStep=0.0005)
+        self.std_spin = QDoubleSpinBox(objectName="initStdSpin", decimals=4, minimum=1e-4,
+                                       maximum=1.0, singleStep=0.01)
+        self.seed_spin = QSpinBox(objectName="seedSpin", minimum=0, maximum=2**31 - 1)
+        train_box = QGroupBox("Training")
+        train_form = QFormLayout(train_box)
+        train_form.addRow("Steps", self.steps_spin)
+        train_form.addRow("Learning rate", self.lr_spin)
+        train_form.addRow("Init std", self.std_spin)
+        train_form.addRow("Seed", self.seed_spin)
+
+        # backend
+        self.backend_combo = QComboBox(objectName="backendCombo")
+        backend_box = QGroupBox("Backend")
+        QVBoxLayout(backend_box).addWidget(self.backend_combo)
+        self.refresh_backends()
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        for box in (data_box, model_box, train_box, backend_box):
+            layout.addWidget(box)
+        self.settings_boxes = (model_box, train_box, backend_box)
+
+        self.open_button.clicked.connect(self.openDatasetRequested)
+        self.preset_combo.currentTextChanged.connect(self.apply_preset)
+        for spin in (*self.fields.values(), self.steps_spin, self.lr_spin, self.std_spin, self.seed_spin):
+            spin.valueChanged.connect(self._on_changed)
+        self.backend_combo.currentIndexChanged.connect(self._on_changed)
+        self.apply_preset(self.preset_combo.currentText())
+
+    # backends ---------------------------------------------------------------
+    def refresh_backends(self) -> None:
+        """List every registered backend; unavailable ones disabled, their reason as tooltip."""
+        current = self.backend_name()
+        combo = self.backend_combo
+        combo.blockSignals(True)
+        combo.clear()
+        for info in engine.list_backends():
+            combo.addItem(info.name if info.available else f"{info.name} (unavailable)", info.name)
+            index = combo.count() - 1
+            combo.setItemData(index, info.reason, Qt.ToolTipRole)
+            combo.model().item(index).setEnabled(info.available)
+        combo.blockSignals(False)
+        self.select_backend(current or "numpy")
+
+    def backend_name(self) -> str | None:
+        return self.backend_combo.currentData()
+
+    def select_backend(self, name: str) -> bool:
+        """Select an available backend by name (else the first available one)."""
+        combo = self.backend_combo
+        enabled = [i for i in range(combo.count()) if combo.model().item(i).isEnabled()]
+        chosen = next((i for i in enabled if combo.itemData(i) == name), enabled[0] if enabled else -1)
+        combo.setCurrentIndex(chosen)
+        return chosen >= 0 and combo.itemData(chosen) == name
+
+    # configs ----------------------------------------------------------------
+    def apply_preset(self, name: str) -> None:
+        preset = engine.PRESETS.get(name)
+        if preset is not None:
+            self.set_configs(preset.model, preset.train)
+
+    def set_configs(self, model: engine.ModelConfig, train: engine.TrainConfig, preset: str | None = None) -> None:
+        self._filling = True
+        try:
+            if preset is not None and preset in engine.PRESETS:
+                self.preset_combo.blockSignals(True)
+                self.preset_combo.setCurrentText(preset)
+                self.preset_combo.blockSignals(False)
+            for name in MODEL_FIELDS:
+                self.fields[name].setValue(getattr(model, name))
+            self.steps_spin.setValue(train.num_steps)
+            self.lr_spin.setValue(train.learning_rate)
+            self.std_spin.setValue(train.init_std)
+            self.seed_spin.setValue(train.seed)
+        finally:
+            self._filling = False
+        self._on_changed()
+
+    def set_vocab_size(self, vocab_size: int | None) -> None:
+        self._vocab_size = vocab_size
+        self._on_changed()
+
+    def model_config(self) -> engine.ModelConfig:
+        """The model the fields describe; ValueError (the engine's reason) if invalid."""
+        return engine.ModelConfig(**{name: spin.value() for name, spin in self.fields.items()})
+
+    def train_config(self) -> engine.TrainConfig:
+        return engine.TrainConfig(num_steps=self.steps_spin.value(), learning_rate=self.lr_spin.value(),
+                                  init_std=self.std_spin.value(), seed=self.seed_spin.value())
+
+    def problem(self) -> str:
+        """Why Train cannot start with these settings ('' when it can)."""
+        try:
+            self.model_config()
+            self.train_config()
+        except ValueError as exc:
+            return str(exc)
+        if self.backend_name() is None:
+            return "no backend is available"
+        return ""
+
+    def _on_changed(self, *_) -> None:
+        if self._filling:
+            return
+        problem = ""
+        try:
+            model = self.model_config()
+        except ValueError as exc:
+            model, problem = None, str(exc)
+        for name, spin in self.fields.items():  # flag the fields the reason names
+            bad = bool(problem) and name in problem
+            spin.setProperty("invalid", bad)
+            spin.setToolTip(problem if bad else "")
+            spin.style().unpolish(spin)
+            spin.style().polish(spin)
+        self.error_label.setText(problem)
+        self.error_label.setVisible(bool(problem))
+        if model is None:
+            self.params_label.setText("-")
+        elif self._vocab_size:
+            self.params_label.setText(f"{model.num_params(self._vocab_size):,}")
+        else:
+            self.params_label.setText("(open a dataset)")
+        self.changed.emit()
+
+    def set_editable(self, editable: bool) -> None:
+        for box in self.settings_boxes:
+            box.setEnabled(editable)
+
+    # settings ---------------------------------------------------------------
+    def save_settings(self, settings) -> None:
+        settings.setValue("preset", self.preset_combo.currentText())
+        settings.setValue("backend", self.backend_name() or "")
+        for name, spin in (*self.fields.items(), ("num_steps", self.steps_spin),
+                           ("learning_rate", self.lr_spin), ("init_std", self.std_spin),
+                           ("seed", self.seed_spin)):
+            settings.setValue("config/" + name, spin.value())
+
+    def restore_settings(self, settings) -> None:
+        preset = str(settings.value("preset", "tiny"))
+        if preset in engine.PRESETS:
+            self.preset_combo.setCurrentText(preset)
+        self._filling = True
+        try:
+            for name, spin in (*self.fields.items(), ("num_steps", self.steps_spin),
+                               ("learning_rate", self.lr_spin), ("init_std", self.std_spin),
+                               ("seed", self.seed_spin)):
+                value = settings.value("config/" + name)
+                if value is not None:
+                    try:
+                        spin.setValue(type(spin.value())(value))
+                    except (TypeError, ValueError):
+                        pass  # a hand-edited settings file: keep the preset's value
+        finally:
+            self._filling = False
+        self.select_backend(str(settings.value("backend", "numpy")))
+        self._on_changed()

@@ -1,0 +1,104 @@
+"""The sampling panel: temperature, number of samples, seed, Sample, the names, Copy."""
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QFormLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget,
+                               QAbstractItemView, QListView, QPushButton, QSlider, QSpinBox, QVBoxLayout)
+
+TEMPERATURE_SCALE = 10  # slider ticks per unit: 1..20 is 0.1..2.0
+
+
+class SamplePanel(QGroupBox):
+    """Asks for samples (sampleRequested) and shows the names it is given."""
+
+    sampleRequested = Signal(int, float, int)  # number, temperature, seed
+
+    def __init__(self, parent=None):
+        super().__init__("Samples", parent)
+        self.temperature_slider = QSlider(Qt.Horizontal, objectName="temperatureSlider")
+        self.temperature_slider.setRange(1, 20)
+        self.temperature_slider.setValue(5)
+        self.temperature_slider.setToolTip("Lower: safer, more common names; higher: more inventive")
+        self.temperature_label = QLabel()
+        self.count_spin = QSpinBox(objectName="sampleCountSpin", minimum=1, maximum=200, value=10)
+        self.seed_spin = QSpinBox(objectName="sampleSeedSpin", minimum=0, maximum=2**31 - 1, value=0)
+        self.seed_spin.setToolTip("Random seed of the sampler; it moves on by one after each Sample")
+        self.sample_button = QPushButton("Sample", objectName="sampleButton")
+        self.sample_button.setToolTip("Generate names from the current parameters (Ctrl+G)")
+        self.sample_button.setShortcut(QKeySequence("Ctrl+G"))
+        self.copy_button = QPushButton("Copy", objectName="copyButton")
+        self.copy_button.setToolTip("Copy the selected names (all if none is selected)")
+        self.samples_list = QListWidget(objectName="samplesList")
+        self.samples_list.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.info = QLabel(" ", objectName="sampleInfo")
+        copy = QShortcut(QKeySequence.Copy, self.samples_list, self.copy_to_clipboard)
+        copy.setContext(Qt.WidgetWithChildrenShortcut)  # Ctrl+C elsewhere copies as usual
+
+        self.samples_list.setFlow(QListView.LeftToRight)  # names fill rows, then wrap
+        self.samples_list.setWrapping(True)
+        self.samples_list.setResizeMode(QListView.Adjust)
+        self.samples_list.setGridSize(QSize(130, 24))
+        self.samples_list.setTextElideMode(Qt.ElideNone)
+        self.setMinimumHeight(190)
+
+        temperature = QHBoxLayout()
+        temperature.addWidget(self.temperature_slider, 1)
+        temperature.addWidget(self.temperature_label)
+        form = QFormLayout()
+        form.addRow("Temperature", temperature)
+        form.addRow("Names", self.count_spin)
+        form.addRow("Seed", self.seed_spin)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.sample_button)
+        buttons.addWidget(self.copy_button)
+        controls = QVBoxLayout()
+        controls.addLayout(form)
+        controls.addLayout(buttons)
+        controls.addStretch(1)
+        controls.addWidget(self.info)
+        self.info.setWordWrap(True)
+        layout = QHBoxLayout(self)
+        layout.addLayout(controls)
+        layout.addWidget(self.samples_list, 1)
+        for control in (self.temperature_slider, self.count_spin, self.seed_spin):
+            control.setMaximumWidth(160)
+        self.temperature_slider.setMinimumWidth(120)
+
+        self.temperature_slider.valueChanged.connect(self._show_temperature)
+        self.sample_button.clicked.connect(self._request)
+        self.copy_button.clicked.connect(self.copy_to_clipboard)
+        self._show_temperature(self.temperature_slider.value())
+
+    @property
+    def temperature(self) -> float:
+        return self.temperature_slider.value() / TEMPERATURE_SCALE
+
+    def set_temperature(self, value: float) -> None:
+        self.temperature_slider.setValue(round(value * TEMPERATURE_SCALE))
+
+    def _show_temperature(self, value: int) -> None:
+        self.temperature_label.setText(f"{value / TEMPERATURE_SCALE:.1f}")
+
+    def _request(self) -> None:
+        seed = self.seed_spin.value()
+        self.sampleRequested.emit(self.count_spin.value(), self.temperature, seed)
+        self.seed_spin.setValue(seed + 1 if seed < self.seed_spin.maximum() else 0)
+
+    def show_samples(self, names: list[str], step: int) -> None:
+        self.samples_list.clear()
+        self.samples_list.addItems(names)
+        self.info.setText(f"{len(names)} names from the parameters after step {step}")
+
+    def names(self) -> list[str]:
+        return [self.samples_list.item(i).text() for i in range(self.samples_list.count())]
+
+    def clear(self) -> None:
+        self.samples_list.clear()
+        self.info.setText(" ")
+
+    def copy_to_clipboard(self) -> None:
+        selected = [item.text() for item in self.samples_list.selectedItems()]
+        text = "\n".join(selected or self.names())
+        if text:
+            QGuiApplication.clipboard().setText(text)
