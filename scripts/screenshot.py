@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_DATA = os.environ.get("MICROGPT_NAMES_TXT") or str(ROOT.parent / "shared" / "data" / "names.txt")
+DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or str(ROOT.parent / "shared" / "data" / "names.txt")
 
 
 def main() -> int:

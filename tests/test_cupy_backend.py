@@ -16,10 +16,8 @@ NumPy reference, samples, checkpoints, GPU out-of-memory.
 """
 from __future__ import annotations
 
-import os
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,32 +28,6 @@ from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, Tra
                     list_backends, load_checkpoint, open_backend)
 from engine.backends.numpy_backend import NumpyBackend
 from engine.model import adam_update
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _find_names() -> Path:
-    """$MICROGPT_NAMES, else shared/data/names.txt inside the repository, beside it
-    (../shared), or beside a folder above it (worktrees kept in a subfolder)."""
-    if os.environ.get("MICROGPT_NAMES"):
-        return Path(os.environ["MICROGPT_NAMES"])
-    for folder in (REPO_ROOT, *REPO_ROOT.parents):
-        if (folder / "shared" / "data" / "names.txt").is_file():
-            return folder / "shared" / "data" / "names.txt"
-    return REPO_ROOT.parent / "shared" / "data" / "names.txt"
-
-
-NAMES = _find_names()
-SMALL_NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper",
-               "evelyn", "abigail", "emily", "ella", "elizabeth", "camila", "luna"]
-
-
-@pytest.fixture(scope="module")
-def names_corpus() -> Corpus:
-    if not NAMES.is_file():
-        pytest.skip(f"names.txt not found at {NAMES} (the shared dataset beside the repo)")
-    return Corpus.from_file(NAMES)
-
 
 class HostLogicBackend(cb.CupyBackend):
     """CupyBackend's own code with NumPy as the array module and fused_step_host as the kernel."""
@@ -221,21 +193,21 @@ def test_out_of_memory_mid_chunk_keeps_the_finished_steps(monkeypatch, names_cor
     np.testing.assert_allclose(dev.train(4), ref.train(4), rtol=1e-6, atol=1e-6)
 
 
-def test_out_of_memory_while_opening_becomes_backend_error(monkeypatch):
+def test_out_of_memory_while_opening_becomes_backend_error(monkeypatch, small_corpus):
     def no_memory(self, params):
         raise MemoryError("simulated")
 
     monkeypatch.setattr(nb.NumpyBackend, "_setup", no_memory)
     model = PRESETS["s128"].model
-    corpus = Corpus.from_lines(SMALL_NAMES)
+    corpus = small_corpus
     with pytest.raises(BackendError, match="ran out of memory while opening") as info:
         HostLogicBackend(model, TrainConfig(num_steps=5), corpus)
     assert f"{model.num_params(corpus.vocab_size):,} parameters" in str(info.value)
 
 
-def test_closed_backend_says_so():
+def test_closed_backend_says_so(small_corpus):
     backend = HostLogicBackend(ModelConfig(8, 1, 2, 8), TrainConfig(num_steps=5),
-                               Corpus.from_lines(SMALL_NAMES))
+                               small_corpus)
     backend.train(1)
     backend.close()
     with pytest.raises(BackendError, match="closed"):
@@ -323,7 +295,7 @@ def test_probe_accepts_a_device_that_computes():
     assert cb.probe_cupy(fake_cupy()) == (True, "CuPy 14.0 on NVIDIA Test GPU")
 
 
-def test_registry_lists_cupy_and_open_fails_clearly_without_it(monkeypatch):
+def test_registry_lists_cupy_and_open_fails_clearly_without_it(monkeypatch, small_corpus):
     monkeypatch.setitem(sys.modules, "cupy", None)
     monkeypatch.setattr(cb, "_probe_result", None)
     info = {b.name: b for b in list_backends()}
@@ -331,9 +303,9 @@ def test_registry_lists_cupy_and_open_fails_clearly_without_it(monkeypatch):
     assert info["cupy"].reason == "CuPy is not installed: pip install 'microgpt-gui[cuda]'"
     assert info["numpy"].available
     with pytest.raises(BackendError, match=r"backend cupy is not available: CuPy is not installed"):
-        open_backend("cupy", ModelConfig(), TrainConfig(num_steps=2), Corpus.from_lines(SMALL_NAMES))
+        open_backend("cupy", ModelConfig(), TrainConfig(num_steps=2), small_corpus)
     with pytest.raises(BackendError, match="pip install 'microgpt-gui\\[cuda\\]'"):
-        cb.CupyBackend(ModelConfig(), TrainConfig(num_steps=2), Corpus.from_lines(SMALL_NAMES))
+        cb.CupyBackend(ModelConfig(), TrainConfig(num_steps=2), small_corpus)
 
 
 def test_list_backends_survives_a_probe_that_raises(monkeypatch):

@@ -3,18 +3,11 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything imports Qt
 
-from pathlib import Path
-
 import pytest
 
 from gui._refcount_guard import make_singletons_immortal
 
 make_singletons_immortal()  # before pytest-qt's first Qt call (PySide6 6.12 on Python 3.11)
-
-# makemore's names.txt lives in ../shared beside the repository (never in it);
-# MICROGPT_NAMES_TXT points elsewhere (e.g. from a git worktree).
-NAMES = Path(os.environ.get("MICROGPT_NAMES_TXT")
-             or Path(__file__).resolve().parents[2].parent / "shared" / "data" / "names.txt")
 
 
 @pytest.fixture(autouse=True)
@@ -23,13 +16,6 @@ def isolated_settings(tmp_path, monkeypatch):
     path = tmp_path / "settings.ini"
     monkeypatch.setenv("MICROGPT_GUI_SETTINGS", str(path))
     return path
-
-
-@pytest.fixture
-def names_path():
-    if not NAMES.is_file():
-        pytest.skip(f"the names dataset is not at {NAMES} (set MICROGPT_NAMES_TXT)")
-    return NAMES
 
 
 @pytest.fixture
