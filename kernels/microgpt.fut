@@ -178,9 +178,11 @@ def step_loss_grad [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (step: 
 -- (its loss is reported, the later entries stay NaN), so the state keeps
 -- the parameters from before it.
 def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][d], [k]f32) =
+  -- The loop writes `losses` in place, which consumes its whole initial
+  -- tuple: hence copies of the state's arrays, which stay untouched.
   let (params, m, v, step, losses, _) =
     loop (params: [p]f32, m: [p]f32, v: [p]f32, step, losses, i) =
-         (s.params, s.m, s.v, s.step, replicate k f32.nan, 0)
+         (copy s.params, copy s.m, copy s.v, s.step, replicate k f32.nan, 0)
     while i < k do
       let (l, grad) = step_loss_grad s params step
       in if finite l
@@ -238,7 +240,8 @@ def sample_tokens [p] (d: dims) (layout: []i64) (flat: [p]f32)
       let logits = map (next_logits d layout flat v) prefixes  -- (N, V)
       let drawn = map2 (\j l -> draw (map (/ temperature) l) (uniform seed j i)) (iota num_samples) logits
       let next = map2 (\finished tok -> if finished then bos else tok) done drawn
-      in (tokens with [:, t] = next, map2 (\finished tok -> finished || tok == bos) done next, t)
+      let tokens = map2 (\row tok -> map2 (\j x -> if j == t then tok else x) (iota width) row) tokens next
+      in (tokens, map2 (\finished tok -> finished || tok == bos) done next, t)
   in tokens[:, 1:]
 
 -- * Entry points
