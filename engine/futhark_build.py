@@ -447,9 +447,12 @@ def build(target: str, compiler: Compiler | None = None, root: Path | None = Non
     libdir = library_dir(target, compiler, root, sources)
     if is_complete(libdir):
         return libdir
-    with FileLock(libdir.parent / f".{libdir.name}.lock"):
-        if not is_complete(libdir):  # nobody built it while we waited
-            _compile(target, compiler, sources, libdir)
+    try:
+        with FileLock(libdir.parent / f".{libdir.name}.lock"):
+            if not is_complete(libdir):  # nobody built it while we waited
+                _compile(target, compiler, sources, libdir)
+    except OSError as exc:
+        raise BackendError(f"cannot build in the Futhark cache {libdir.parent}: {exc}") from None
     return libdir
 
 

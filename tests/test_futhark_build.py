@@ -422,3 +422,12 @@ def test_file_lock_excludes_another_process(tmp_path):
         held = subprocess.run([sys.executable, "-c", code, str(path), root])
     free = subprocess.run([sys.executable, "-c", code, str(path), root])
     assert (held.returncode, free.returncode) == (3, 0)
+
+
+def test_an_unwritable_cache_is_a_backend_error(clean_env, monkeypatch):
+    version_only_futhark(clean_env / "empty-bin")
+    blocker = clean_env / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.raises(BackendError, match="cannot build in the Futhark cache"):
+        fb.build("c")
