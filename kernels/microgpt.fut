@@ -50,8 +50,9 @@ def rmsnorm [c] (x: [c]f32): [c]f32 =
   in map (* r) x
 
 -- | The (rows, cols) matrix stored row-major at `offset` of the flat buffer.
+-- Unchecked: `new_state` asserts that every matrix of the layout fits.
 def matrix [p] (flat: [p]f32) (offset: i64) (rows: i64) (cols: i64): [rows][cols]f32 =
-  tabulate_2d rows cols (\i j -> flat[offset + i * cols + j])
+  #[unsafe] tabulate_2d rows cols (\i j -> flat[offset + i * cols + j])
 
 -- * The network
 
@@ -61,6 +62,18 @@ type dims = {n_embd: i64, n_layer: i64, n_head: i64, block_size: i64, vocab: i64
 -- | One transformer layer's weights: C = n_embd, F = 4 * n_embd.
 type layer [c][f] = {wq: [c][c]f32, wk: [c][c]f32, wv: [c][c]f32, wo: [c][c]f32,
                      fc1: [f][c]f32, fc2: [c][f]f32}
+
+-- | Whether a layout (wte, wpe, lm_head, then six matrices per layer) has
+-- the right length and every matrix lies inside P parameters.
+def layout_fits [l] (d: dims) (p: i64) (layout: [l]i64): bool =
+  let (c, f) = (d.n_embd, 4 * d.n_embd)
+  let rows j = if j == 0 || j == 2 then d.vocab
+               else if j == 1 then d.block_size
+               else if (j - 3) % 6 == 4 then f
+               else c
+  let cols j = if j >= 3 && (j - 3) % 6 == 5 then f else c
+  in l == 3 + 6 * d.n_layer
+     && and (map2 (\j offset -> offset >= 0 && offset + rows j * cols j <= p) (iota l) layout)
 
 -- | Layer l's weights, gathered from the flat buffer.
 def layer_at [p] (flat: [p]f32) (layout: []i64) (c: i64) (f: i64) (l: i64): layer [c][f] =
@@ -254,10 +267,11 @@ entry new_state [p][l][n][d]
     (learning_rate: f64) (beta1: f64) (beta2: f64) (eps: f64) (num_steps: i64)
     (layout: [l]i64) (params: [p]f32) (tokens: [n]i32) (offsets: [d]i64) (lengths: [d]i32)
     : state [p][l][n][d] =
-  {dims = {n_embd, n_layer, n_head, block_size, vocab},
-   adam = {learning_rate, beta1, beta2, eps, num_steps},
-   layout, params, m = replicate p 0, v = replicate p 0, step = 0,
-   tokens, offsets, lengths}
+  let dims = {n_embd, n_layer, n_head, block_size, vocab}
+  in assert (layout_fits dims p layout)
+            {dims, adam = {learning_rate, beta1, beta2, eps, num_steps},
+             layout, params, m = replicate p 0, v = replicate p 0, step = 0,
+             tokens, offsets, lengths}
 
 entry set_training [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
                                 (step: i64): state [p][l][n][d] =

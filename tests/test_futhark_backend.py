@@ -252,6 +252,29 @@ def test_a_run_time_error_is_an_exception_and_keeps_the_state(corpus):
 
 @pytest.mark.futhark
 @requires_futhark
+@pytest.mark.parametrize("change", ["past-the-end", "negative", "too-short"])
+def test_new_state_refuses_a_layout_that_does_not_fit(corpus, change):
+    """The kernel reads matrices unchecked, so it checks the layout once, up front."""
+    model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=5)
+    futhark = _open("futhark-c", model, train, corpus)
+    args = list(fbk.state_arguments(model, train, corpus, futhark.specs, futhark.get_state().params))
+    layout = args[10].copy()
+    if change == "past-the-end":
+        layout[-1] += 1
+    elif change == "negative":
+        layout[0] = -1
+    else:
+        layout = layout[:-1]
+    args[10] = layout
+    with pytest.raises(BackendError, match=r"(?i)assert"):
+        futhark._call("new_state", *args)
+    args[10] = fbk.layout_offsets(futhark.specs, model, corpus.vocab_size)
+    futhark._call("new_state", *args)  # the true layout is accepted
+    futhark.close()
+
+
+@pytest.mark.futhark
+@requires_futhark
 def test_one_library_serves_every_size(corpus):
     """Sizes are run-time values: a second, different model reuses the compiled library."""
     compiler = fb.find_compiler()
