@@ -17,6 +17,7 @@ import pytest
 from engine import (BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged, init_params,
                     list_backends, load_checkpoint, open_backend, param_specs)
 from engine import futhark_build as fb
+from engine import futhark_tools as ft
 from engine.backends import futhark_backend as fbk
 from engine.params import ParamSpec
 
@@ -129,8 +130,8 @@ def test_the_four_backends_are_registered():
 
 def _compiler_reason() -> str | None:
     try:
-        fb.find_compiler()
-    except fb.CompilerNotFound as exc:
+        ft.find_compiler()
+    except ft.CompilerNotFound as exc:
         return str(exc)
     return None
 
@@ -277,7 +278,7 @@ def test_new_state_refuses_a_layout_that_does_not_fit(corpus, change):
 @requires_futhark
 def test_one_library_serves_every_size(corpus):
     """Sizes are run-time values: a second, different model reuses the compiled library."""
-    compiler = fb.find_compiler()
+    compiler = ft.find_compiler()
     libdir = fb.build("c", compiler)
     before = libdir.stat().st_mtime_ns
     for model in (ModelConfig(n_embd=8, n_layer=1, n_head=1, block_size=4),

@@ -1,4 +1,4 @@
-"""Building the Futhark kernels on demand, without needing the compiler.
+"""Finding the tools and building the Futhark kernels on demand, without the compiler.
 
 Stand-in executables (a `futhark` that only answers --version or only
 fails, a `cc`, an `nvcc`) on a temporary PATH exercise compiler detection
@@ -21,6 +21,7 @@ import pytest
 
 from engine import BackendError, ModelConfig, TrainConfig, Corpus, open_backend
 from engine import futhark_build as fb
+from engine import futhark_tools as ft
 
 FUTHARK_VERSION_OUTPUT = """Futhark 0.25.9
 git: 1a2b3c4 (Mon Jan 1 00:00:00 2024 +0100)
@@ -57,11 +58,11 @@ def clean_env(tmp_path, monkeypatch):
     for var in ("FUTHARK", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CPATH", "C_INCLUDE_PATH"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(fb, "SYSTEM_INCLUDE_DIRS", [])
-    monkeypatch.setattr(fb, "system_cuda_roots", lambda: [])
-    fb._device_problem.cache_clear()
+    monkeypatch.setattr(ft, "SYSTEM_INCLUDE_DIRS", [])
+    monkeypatch.setattr(ft, "system_cuda_roots", lambda: [])
+    ft.device_problem.cache_clear()
     yield tmp_path
-    fb._device_problem.cache_clear()
+    ft.device_problem.cache_clear()
 
 
 # -- the cache key ---------------------------------------------------------------
@@ -93,7 +94,7 @@ def test_cache_key_cannot_be_fooled_by_moving_bytes_between_files():
 
 
 def test_library_dir_is_per_user_cache_and_changes_with_the_kernel(clean_env, monkeypatch):
-    compiler = fb.Compiler("/x/futhark", "0.25.9")
+    compiler = ft.Compiler("/x/futhark", "0.25.9")
     libdir = fb.library_dir("c", compiler)
     assert libdir.parent == clean_env / "cache" / "microgpt-gui" / "futhark"
     assert libdir.name.startswith("microgpt-c-")
@@ -111,19 +112,19 @@ def test_library_dir_is_per_user_cache_and_changes_with_the_kernel(clean_env, mo
     ("futhark: command not understood\n", None),
 ])
 def test_parse_version(output, version):
-    assert fb.parse_version(output) == version
+    assert ft.parse_version(output) == version
 
 
 def test_compiler_not_found_says_where_to_get_it(clean_env):
-    with pytest.raises(fb.CompilerNotFound, match="futhark-lang.org/releases"):
-        fb.find_compiler()
+    with pytest.raises(ft.CompilerNotFound, match="futhark-lang.org/releases"):
+        ft.find_compiler()
     available, reason = fb.probe("c")
     assert not available and "Futhark compiler not found" in reason and "FUTHARK" in reason
 
 
 def test_compiler_found_on_path_with_its_version(clean_env):
     script = version_only_futhark(clean_env / "empty-bin")
-    compiler = fb.find_compiler()
+    compiler = ft.find_compiler()
     assert compiler.path == str(script) and compiler.version == "0.25.9"
     assert compiler.version_tuple == (0, 25, 9)
 
@@ -132,19 +133,19 @@ def test_futhark_variable_overrides_path(clean_env, monkeypatch):
     version_only_futhark(clean_env / "empty-bin")
     other = version_only_futhark(clean_env / "elsewhere", "Futhark 0.24.3\n")
     monkeypatch.setenv("FUTHARK", str(other))
-    assert fb.find_compiler() == fb.Compiler(str(other), "0.24.3")
+    assert ft.find_compiler() == ft.Compiler(str(other), "0.24.3")
 
 
 def test_futhark_variable_naming_nothing_is_reported(clean_env, monkeypatch):
     monkeypatch.setenv("FUTHARK", str(clean_env / "no" / "futhark"))
-    with pytest.raises(fb.CompilerNotFound, match="FUTHARK=.*does not name a Futhark compiler"):
-        fb.find_compiler()
+    with pytest.raises(ft.CompilerNotFound, match="FUTHARK=.*does not name a Futhark compiler"):
+        ft.find_compiler()
 
 
 def test_a_broken_compiler_is_reported(clean_env):
     write_script(clean_env / "empty-bin", "futhark", "echo 'segmentation fault' >&2\nexit 139\n")
-    with pytest.raises(fb.CompilerNotFound, match="not a working Futhark compiler.*139.*segmentation"):
-        fb.find_compiler()
+    with pytest.raises(ft.CompilerNotFound, match="not a working Futhark compiler.*139.*segmentation"):
+        ft.find_compiler()
 
 
 # -- why a backend is unavailable ----------------------------------------------
@@ -168,17 +169,17 @@ def test_c_backends_available_with_compiler_and_cc(clean_env):
 def test_cc_variable_names_the_c_compiler(clean_env, monkeypatch):
     write_script(clean_env / "tools", "my-cc", "exit 0\n")
     monkeypatch.setenv("CC", "my-cc -O2")
-    assert fb.find_c_compiler() is None  # not on PATH
+    assert ft.find_c_compiler() is None  # not on PATH
     monkeypatch.setenv("PATH", str(clean_env / "tools"))
-    assert fb.find_c_compiler() == str(clean_env / "tools" / "my-cc")
+    assert ft.find_c_compiler() == str(clean_env / "tools" / "my-cc")
 
 
 def test_missing_futhark_ffi_is_reported(clean_env, monkeypatch):
     bindir = clean_env / "empty-bin"
     version_only_futhark(bindir)
     write_script(bindir, "cc", "exit 0\n")
-    real = fb.importlib.util.find_spec
-    monkeypatch.setattr(fb.importlib.util, "find_spec", lambda name: None if name == "futhark_ffi" else real(name))
+    real = ft.importlib.util.find_spec
+    monkeypatch.setattr(ft.importlib.util, "find_spec", lambda name: None if name == "futhark_ffi" else real(name))
     available, reason = fb.probe("c")
     assert not available and "pip install futhark-ffi" in reason
 
@@ -188,11 +189,11 @@ def _libraries(*present):
 
 
 def test_cuda_without_driver(clean_env):
-    assert "no CUDA driver" in fb.cuda_problem(find_library=_libraries("nvrtc"))
+    assert "no CUDA driver" in ft.cuda_problem(find_library=_libraries("nvrtc"))
 
 
 def test_cuda_without_toolkit(clean_env):
-    assert "CUDA toolkit was not found" in fb.cuda_problem(find_library=_libraries("cuda", "nvrtc"))
+    assert "CUDA toolkit was not found" in ft.cuda_problem(find_library=_libraries("cuda", "nvrtc"))
 
 
 def test_cuda_toolkit_found_through_nvcc_on_path(clean_env, monkeypatch):
@@ -202,10 +203,10 @@ def test_cuda_toolkit_found_through_nvcc_on_path(clean_env, monkeypatch):
     (toolkit / "include" / "cuda.h").write_text("/* stand-in */\n")
     (toolkit / "lib64").mkdir()
     monkeypatch.setenv("PATH", f"{toolkit / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    assert fb.cuda_toolkit_root() == toolkit
-    assert "NVRTC" in fb.cuda_problem(find_library=_libraries("cuda"))
+    assert ft.cuda_toolkit_root() == toolkit
+    assert "NVRTC" in ft.cuda_problem(find_library=_libraries("cuda"))
     (toolkit / "lib64" / "libnvrtc.so.13").write_bytes(b"")
-    assert fb.cuda_problem(find_library=_libraries("cuda")) is None
+    assert ft.cuda_problem(find_library=_libraries("cuda")) is None
 
 
 def test_cuda_toolkit_found_through_cuda_home(clean_env, monkeypatch):
@@ -213,15 +214,15 @@ def test_cuda_toolkit_found_through_cuda_home(clean_env, monkeypatch):
     (toolkit / "include").mkdir(parents=True)
     (toolkit / "include" / "cuda.h").write_text("/* stand-in */\n")
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
-    assert fb.cuda_problem(find_library=_libraries("cuda", "nvrtc")) is None
+    assert ft.cuda_problem(find_library=_libraries("cuda", "nvrtc")) is None
 
 
 def test_cuda_probe_reports_the_device_problem(clean_env, monkeypatch):
     bindir = clean_env / "empty-bin"
     version_only_futhark(bindir)
     write_script(bindir, "cc", "exit 0\n")
-    monkeypatch.setattr(fb.ctypes.util, "find_library", lambda name: None)
-    fb._device_problem.cache_clear()
+    monkeypatch.setattr(ft.ctypes.util, "find_library", lambda name: None)
+    ft.device_problem.cache_clear()
     available, reason = fb.probe("cuda")
     assert not available and "no CUDA driver" in reason
     assert fb.probe("c")[0]
@@ -229,16 +230,16 @@ def test_cuda_probe_reports_the_device_problem(clean_env, monkeypatch):
 
 def test_opencl_reasons(clean_env, monkeypatch):
     no_platforms, one_platform = (lambda lib: 0), (lambda lib: 1)
-    assert "no OpenCL library" in fb.opencl_problem(find_library=_libraries(), count_platforms=one_platform)
+    assert "no OpenCL library" in ft.opencl_problem(find_library=_libraries(), count_platforms=one_platform)
     if sys.platform != "darwin":
-        assert "CL/cl.h" in fb.opencl_problem(find_library=_libraries("OpenCL"), count_platforms=one_platform)
+        assert "CL/cl.h" in ft.opencl_problem(find_library=_libraries("OpenCL"), count_platforms=one_platform)
         headers = clean_env / "include"
         (headers / "CL").mkdir(parents=True)
         (headers / "CL" / "cl.h").write_text("/* stand-in */\n")
         monkeypatch.setenv("CPATH", str(headers))
-    assert "no OpenCL platform" in fb.opencl_problem(find_library=_libraries("OpenCL"),
+    assert "no OpenCL platform" in ft.opencl_problem(find_library=_libraries("OpenCL"),
                                                      count_platforms=no_platforms)
-    assert fb.opencl_problem(find_library=_libraries("OpenCL"), count_platforms=one_platform) is None
+    assert ft.opencl_problem(find_library=_libraries("OpenCL"), count_platforms=one_platform) is None
 
 
 def test_list_backends_lists_the_four_futhark_backends(clean_env):
@@ -278,7 +279,7 @@ def test_failed_compile_raises_with_the_first_error_lines_and_log(clean_env):
         fb.build("c")
     message = str(caught.value)
     assert "Error at microgpt.fut:42:7-12" in message and 'Unknown name "relu\'"' in message
-    log = fb.log_path(fb.library_dir("c", fb.find_compiler()))
+    log = fb.log_path(fb.library_dir("c", ft.find_compiler()))
     assert f"Full log: {log}" in message
     text = log.read_text()
     assert "Unknown name" in text and "--library" in text and "[exit status 1]" in text
@@ -388,7 +389,7 @@ def test_patched_code_compiles_against_cuda_12_and_13_headers(tmp_path, header):
 
 
 def test_patched_code_compiles_against_the_installed_cuda_13(tmp_path):
-    root = fb.cuda_toolkit_root()
+    root = ft.cuda_toolkit_root()
     cc = shutil.which("cc") or shutil.which("gcc")
     if root is None or cc is None:
         pytest.skip("no CUDA toolkit (cuda.h) or no C compiler here")
