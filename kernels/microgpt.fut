@@ -253,6 +253,8 @@ def sample_tokens [p] (d: dims) (layout: []i64) (flat: [p]f32)
       let logits = map (next_logits d layout flat v) prefixes  -- (N, V)
       let drawn = map2 (\j l -> draw (map (/ temperature) l) (uniform seed j i)) (iota num_samples) logits
       let next = map2 (\finished tok -> if finished then bos else tok) done drawn
+      -- column t := next (rebuilt, not updated in place: `tokens with [:, t]`
+      -- in this loop crashes Futhark 0.25.9's compiler)
       let tokens = map2 (\row tok -> map2 (\j x -> if j == t then tok else x) (iota width) row) tokens next
       in (tokens, map2 (\finished tok -> finished || tok == bos) done next, t)
   in tokens[:, 1:]
