@@ -75,3 +75,8 @@ def open_backend(name: str, model: ModelConfig, train: TrainConfig, corpus: Corp
 
 __all__ = ["Backend", "BackendError", "BackendInfo", "TrainingDiverged", "TrainState",
            "list_backends", "open_backend", "register_backend"]
+
+from .futhark_backend import FUTHARK_BACKENDS  # noqa: E402  (imports nothing heavy)
+
+for _name, (_probe, _opener) in FUTHARK_BACKENDS.items():
+    register_backend(_name, _probe, _opener)
