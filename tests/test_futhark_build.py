@@ -318,6 +318,18 @@ def test_cuda13_failure_is_recognised():
     assert not fb.cuda13_incompatible("microgpt.c:1:1: error: expected ';' before 'int'\n")
 
 
+@pytest.mark.skipif(os.name == "nt", reason="the gcc/clang flags are not passed to MSVC")
+def test_build_env_adds_optimisation_flags_before_the_users(monkeypatch):
+    monkeypatch.setenv("CFLAGS", "-DUSER_FLAG -O1")
+    flags = fb._build_env("c")["CFLAGS"].split()
+    assert "-fno-math-errno" in flags and "-O3" in flags
+    # the user's flags come last, so they win (gcc takes the last -O)
+    assert flags[-2:] == ["-DUSER_FLAG", "-O1"]
+    assert "-ffast-math" not in flags  # results must stay IEEE-rounded
+    monkeypatch.delenv("CFLAGS")
+    assert fb._build_env("multicore")["CFLAGS"].split() == fb.GCC_CFLAGS.split()
+
+
 # -- the CUDA 13 fix ------------------------------------------------------------
 
 # What Futhark before 0.25.34 generates around context creation.
