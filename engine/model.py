@@ -162,33 +162,38 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
     return loss
 
 
+ADAM_BLOCK = 1 << 18  # elements: five 1 MiB blocks per update stay in L2/L3 cache
+
+
 def adam_update(p, g, m, v, scratch, lr_t: float, b1: float, b2: float, eps: float,
-                step: int, xp, block: int = 1 << 16):
+                step: int, xp, block: int = ADAM_BLOCK):
     """microgpt's Adam, in place over flat buffers, one cache-sized block at a time.
 
     m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
     p -= lr_t * (m / (1 - b1^(t+1))) / (sqrt(v / (1 - b2^(t+1))) + eps)
-    Blocking keeps the temporaries in cache: the largest preset's update is
-    bound by memory traffic, so each buffer is read and written once.
+    computed as p -= m / d with d = (sqrt(v) sqrt(1/bc2) + eps) / step_size,
+    step_size = lr_t / bc1: the same quantity in one pass fewer. The largest
+    preset's update is bound by memory traffic, so blocking keeps the scratch
+    in cache and each buffer is read and written once.
     """
     step_size = lr_t / (1.0 - b1 ** (step + 1))
-    inv_bc2 = 1.0 / (1.0 - b2 ** (step + 1))
+    v_scale = (1.0 / (1.0 - b2 ** (step + 1))) ** 0.5 / step_size
+    eps_scaled = eps / step_size
     for lo in range(0, p.shape[0], block):
         hi = min(lo + block, p.shape[0])
-        pb, gb, mb, vb, s = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scratch[: hi - lo]
+        pb, gb, mb, vb, d = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scratch[: hi - lo]
         mb *= b1
-        xp.multiply(gb, 1.0 - b1, out=s)
-        mb += s
+        xp.multiply(gb, 1.0 - b1, out=d)
+        mb += d
         vb *= b2
-        xp.multiply(gb, gb, out=s)
-        s *= 1.0 - b2
-        vb += s
-        xp.multiply(vb, inv_bc2, out=s)
-        xp.sqrt(s, out=s)
-        s += eps
-        xp.divide(mb, s, out=s)
-        s *= step_size
-        pb -= s
+        xp.multiply(gb, gb, out=d)
+        d *= 1.0 - b2
+        vb += d
+        xp.sqrt(vb, out=d)
+        d *= v_scale
+        d += eps_scaled
+        xp.divide(mb, d, out=d)
+        pb -= d
 
 
 def next_token_logits(w: Weights, tokens, model: ModelConfig, xp):
