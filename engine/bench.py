@@ -200,7 +200,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info() -> dict:
+def machine_info(with_torch: bool = True) -> dict:
+    """Where the numbers come from (importing PyTorch takes seconds: only when asked)."""
     info = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -210,18 +211,18 @@ def machine_info() -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")},
     }
-    try:
-        import torch
+    if with_torch:
+        available, _ = torch_status()
+        if available:
+            import torch
 
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-    except Exception:
-        info["torch"] = None
+            info["torch"] = torch.__version__
+            info["torch_threads"] = torch.get_num_threads()
     return info
 
 
-def write_json(path: Path, results: list[BenchResult], command: list[str]) -> None:
-    doc = {"command": command, "machine": machine_info(), "results": [asdict(r) for r in results]}
+def write_json(path: Path, results: list[BenchResult], command: list[str], machine: dict) -> None:
+    doc = {"command": command, "machine": machine, "results": [asdict(r) for r in results]}
     Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 

@@ -172,10 +172,10 @@ def run_demo(args) -> int:
 def run_benchmark(args, argv: list[str]) -> int:
     from . import bench
 
-    backends = args.backends or bench.default_backends()
-    bench.availability(backends)  # unknown names fail before the data loads
-    for name in args.presets:
+    for name in args.presets:  # unknown names fail before anything slow
         get_preset(name)
+    backends = args.backends or bench.default_backends()
+    bench.availability(backends)
     corpus_path = args.data
     if corpus_path is None:
         from .data import default_dataset_path
@@ -183,12 +183,12 @@ def run_benchmark(args, argv: list[str]) -> int:
         print("dataset: makemore's names.txt (downloaded once, then cached)", file=sys.stderr)
         corpus_path = default_dataset_path(download_progress())
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
-    info = bench.machine_info()
+    info = bench.machine_info(with_torch=bench.TORCH in backends)
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']}" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     results = bench.run_bench(backends, args.presets, corpus_path, args.steps, args.warmup,
                               report=lambda line: print(line, flush=True))
     if args.json:
-        bench.write_json(args.json, results, ["microgpt-gui", *argv])
+        bench.write_json(args.json, results, ["microgpt-gui", *argv], info)
         print(f"wrote {args.json}")
     return EXIT_ERROR if any(r.status == "error" for r in results) else 0

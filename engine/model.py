@@ -57,6 +57,12 @@ def rmsnorm_backward(dy, y, r, xp):
     return r * (dy - y * mean_last(dy * y))
 
 
+def linear(x, w):
+    """x @ w.T for a weight w of shape (out, in), computed as (w @ x^T)^T:
+    with few rows in x, OpenBLAS streams w up to twice as fast this way."""
+    return (w @ x.swapaxes(-1, -2)).swapaxes(-1, -2)
+
+
 def split_heads(z, n_head):
     """(..., T, C) -> (..., H, T, hd)."""
     *lead, t, c = z.shape
@@ -94,7 +100,7 @@ def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False):
     cache = [(x, r0)]
     for qkv_w, wo, fc1, fc2 in w.layers:
         xn, r1 = rmsnorm(x, xp)
-        heads = split_heads(xn @ qkv_w.T, 3 * h)  # (..., 3H, T, hd): H queries, H keys, H values
+        heads = split_heads(linear(xn, qkv_w), 3 * h)  # (..., 3H, T, hd): H queries, H keys, H values
         q, k, v = heads[..., :h, :, :], heads[..., h : 2 * h, :, :], heads[..., 2 * h :, :, :]
         att = q @ k.swapaxes(-1, -2)
         att *= scale
@@ -103,11 +109,11 @@ def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False):
         p = xp.exp(att)
         p /= p.sum(axis=-1, keepdims=True)
         y = merge_heads(p @ v)
-        x = x + y @ wo.T
+        x = x + linear(y, wo)
         xn2, r2 = rmsnorm(x, xp)
-        hid = xn2 @ fc1.T
+        hid = linear(xn2, fc1)
         act = xp.maximum(hid, 0)
-        x = x + act @ fc2.T
+        x = x + linear(act, fc2)
         if keep:
             cache.append((xn, r1, q, k, v, p, y, xn2, r2, hid, act))
     return x, cache
