@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,8 @@ from .data import Corpus
 
 TORCH = "torch"
 AUTO_WARMUP_S = 0.3  # warm-up length when not given: at least this long (and 3 steps)
-AUTO_MEASURE_S = 2.0  # measured length when not given
+AUTO_MEASURE_S = 2.0  # measured length when not given (and at least MIN_AUTO_STEPS)
+MIN_AUTO_STEPS = 10
 MAX_CHUNKS = 10
 
 
@@ -46,6 +47,7 @@ class BenchResult:
     peak_rss_mb: float = 0.0
     steps: int = 0
     warmup: int = 0
+    runs_ms: list[float] = field(default_factory=list)  # every round's ms/step
 
 
 # what may run here --------------------------------------------------------
@@ -80,6 +82,17 @@ def default_backends() -> list[str]:
 # one configuration, in this process ----------------------------------------
 
 def peak_rss_mb() -> float:
+    """This process's resident-set high-water mark, in MiB.
+
+    Linux: VmHWM, which starts afresh at exec (ru_maxrss would carry over the
+    parent's peak from before the fork). Elsewhere: ru_maxrss, or NaN.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     try:
         import resource
     except ImportError:  # Windows: no getrusage
@@ -116,7 +129,7 @@ def measure(backend: str, preset_name: str, corpus: Corpus, steps: int | None = 
         warmup = done
         if steps is None:  # enough steps for about AUTO_MEASURE_S, from the warm-up's pace
             per_step = (time.perf_counter() - start) / max(done, 1)
-            steps = int(min(max(AUTO_MEASURE_S / per_step, 5), 50_000))
+            steps = int(min(max(AUTO_MEASURE_S / per_step, MIN_AUTO_STEPS), 50_000))
         times = []
         for k in _chunks(steps, min(MAX_CHUNKS, steps)):
             t0 = time.perf_counter()
@@ -153,8 +166,13 @@ def run_isolated(backend: str, preset: str, data: Path, steps: int | None,
 
 
 def run_bench(backends: list[str], presets: list[str], data: Path, steps: int | None = None,
-              warmup: int | None = None, report=print) -> list[BenchResult]:
-    """Measure every (backend, preset); report(line) is called as rows come in."""
+              warmup: int | None = None, rounds: int = 1, report=print) -> list[BenchResult]:
+    """Measure every (backend, preset); report(line) is called as rows come in.
+
+    Backends take turns on each preset, `rounds` times, so a neighbour's load
+    falls on all of them alike; a row is the run with the median ms/step,
+    with the largest peak memory of its runs.
+    """
     for name in presets:
         get_preset(name)  # unknown names fail before anything runs
     status = availability(backends)
@@ -163,15 +181,27 @@ def run_bench(backends: list[str], presets: list[str], data: Path, steps: int | 
     for backend in backends:
         available, reason = status[backend]
         if not available:
-            row = BenchResult(backend, "-", "skipped", reason=reason)
-            results.append(row)
-            report(table_row(row))
-            continue
-        for preset in presets:
-            row = run_isolated(backend, preset, data, steps, warmup)
-            results.append(row)
-            report(table_row(row))
+            results.append(BenchResult(backend, "-", "skipped", reason=reason))
+            report(table_row(results[-1]))
+    runnable = [b for b in backends if status[b][0]]
+    for preset in presets:
+        runs: dict[str, list[BenchResult]] = {backend: [] for backend in runnable}
+        for _ in range(rounds):
+            for backend in runnable:
+                runs[backend].append(run_isolated(backend, preset, data, steps, warmup))
+        for backend in runnable:
+            results.append(median_run(runs[backend]))
+            report(table_row(results[-1]))
     return results
+
+
+def median_run(runs: list[BenchResult]) -> BenchResult:
+    ok = sorted((r for r in runs if r.status == "ok"), key=lambda r: r.ms_per_step)
+    if not ok:
+        return runs[-1]
+    row = replace(ok[(len(ok) - 1) // 2], peak_rss_mb=max(r.peak_rss_mb for r in ok))
+    row.runs_ms = [round(r.ms_per_step, 4) for r in runs if r.status == "ok"]
+    return row
 
 
 # output --------------------------------------------------------------------

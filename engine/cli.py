@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated (default tiny,s128,gpt2-small)")
     bench.add_argument("--steps", type=positive_int, help="measured steps (default: about 2 s worth)")
     bench.add_argument("--warmup", type=non_negative_int, help="warm-up steps (default: about 0.3 s worth)")
+    bench.add_argument("--rounds", type=positive_int, default=1,
+                       help="measure each configuration this many times, taking turns; report the median run (default 1)")
     bench.add_argument("--json", type=Path, help="also write the results to this JSON file")
     bench.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
     return parser
@@ -187,7 +189,7 @@ def run_benchmark(args, argv: list[str]) -> int:
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']}" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     results = bench.run_bench(backends, args.presets, corpus_path, args.steps, args.warmup,
-                              report=lambda line: print(line, flush=True))
+                              args.rounds, report=lambda line: print(line, flush=True))
     if args.json:
         bench.write_json(args.json, results, ["microgpt-gui", *argv], info)
         print(f"wrote {args.json}")
