@@ -56,3 +56,11 @@ def test_torch_reference_matches_the_numpy_backend():
     theirs = TorchReference(model, train, corpus).train(40)
     assert np.isfinite(ours).all() and ours[-10:].mean() < ours[:10].mean()
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_rounds_report_the_median_run_and_the_largest_peak():
+    runs = [bench.BenchResult("numpy", "tiny", "ok", ms_per_step=ms, steps_per_s=1e3 / ms, peak_rss_mb=mb)
+            for ms, mb in ((3.0, 40.0), (1.0, 60.0), (2.0, 50.0))]
+    row = bench.median_run(runs + [bench.BenchResult("numpy", "tiny", "error", reason="killed")])
+    assert (row.ms_per_step, row.steps_per_s, row.peak_rss_mb) == (2.0, 500.0, 60.0)
+    assert row.runs_ms == [3.0, 1.0, 2.0]
