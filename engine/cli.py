@@ -111,22 +111,22 @@ def fail(exc: BaseException, status: int) -> int:
 
 
 def download_progress():
-    """A progress callback for the default dataset's download (on stderr)."""
-    last = [-1]
+    """A progress callback for the default dataset's first download (on stderr)."""
+    shown = set()
 
     def progress(done: int, total: int) -> None:
-        percent = 100 * done // total if total else -1
-        if percent != last[0] and (percent % 25 == 0 or percent < 0):
-            last[0] = percent
-            size = f"{done / 1024:.0f} KiB"
-            print(f"downloading names.txt: {size}" + (f" ({percent}%)" if total else ""), file=sys.stderr)
+        if not shown:
+            print("downloading the default dataset (makemore's names.txt; once, then cached)",
+                  file=sys.stderr)
+        mark = 100 * done // total // 25 * 25 if total else done >> 20  # quarters, or MiB
+        if mark not in shown:
+            shown.add(mark)
+            print(f"  {done / 1024:.0f} KiB" + (f" ({mark}%)" if total else ""), file=sys.stderr)
 
     return progress
 
 
 def load_data(path: Path | None):
-    if path is None:
-        print("dataset: makemore's names.txt (downloaded once, then cached)", file=sys.stderr)
     return load_corpus(path, download_progress())
 
 
@@ -182,7 +182,6 @@ def run_benchmark(args, argv: list[str]) -> int:
     if corpus_path is None:
         from .data import default_dataset_path
 
-        print("dataset: makemore's names.txt (downloaded once, then cached)", file=sys.stderr)
         corpus_path = default_dataset_path(download_progress())
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
     info = bench.machine_info(with_torch=bench.TORCH in backends)
