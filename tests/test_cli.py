@@ -119,6 +119,15 @@ def test_demo_offline_names_data_option(tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err and "num docs" not in out
 
 
+def test_demo_reports_divergence_in_one_line(tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", ["anna", "bob", "carla", "dave"])
+    code, out, err = run(["demo", "--data", str(data), "--steps", "50", "--lr", "1e30",
+                          "--init-std", "1e10"], capsys)
+    assert code == 1
+    assert re.fullmatch(r"error: training diverged at step \d+: the loss became nan\. .*\n", err)
+    assert "sample" not in out
+
+
 def test_error_exit_has_no_traceback_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "demo", "--data",
                            str(tmp_path / "nowhere.txt")], capture_output=True, text=True, cwd=ROOT)

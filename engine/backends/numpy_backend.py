@@ -79,6 +79,12 @@ class NumpyBackend(Backend):
         return self.corpus.step_tokens(step, self.model.block_size)
 
     def _train_steps(self, k: int) -> np.ndarray:
+        # overflow shows up as a non-finite loss, which stops training with an
+        # error; NumPy's own warnings about it would only add noise
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._train_steps_unchecked(k)
+
+    def _train_steps_unchecked(self, k: int) -> np.ndarray:
         xp = self.xp
         losses = xp.empty(k, dtype=xp.float32)
         for i in range(k):
