@@ -31,7 +31,7 @@ from .data import Corpus
 TORCH = "torch"
 AUTO_WARMUP_S = 0.3  # warm-up length when not given: at least this long (and 3 steps)
 AUTO_MEASURE_S = 2.0  # measured length when not given (and at least MIN_AUTO_STEPS)
-MIN_AUTO_STEPS = 10
+MIN_AUTO_STEPS = 20
 MAX_CHUNKS = 10
 
 
