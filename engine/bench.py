@@ -230,6 +230,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def numpy_blas() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas['name']} {blas.get('version', '')}".strip()
+    except Exception:  # older NumPy, or a build that does not say
+        return "unknown"
+
+
 def machine_info(with_torch: bool = True) -> dict:
     """Where the numbers come from (importing PyTorch takes seconds: only when asked)."""
     info = {
@@ -238,6 +246,7 @@ def machine_info(with_torch: bool = True) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "numpy_blas": numpy_blas(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")},
     }

@@ -186,7 +186,7 @@ def run_benchmark(args, argv: list[str]) -> int:
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
     info = bench.machine_info(with_torch=bench.TORCH in backends)
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
-          f"NumPy {info['numpy']}" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
+          f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     results = bench.run_bench(backends, args.presets, corpus_path, args.steps, args.warmup,
                               args.rounds, report=lambda line: print(line, flush=True))
     if args.json:
