@@ -49,9 +49,9 @@ CUBLAS_STATUS_ALLOC_FAILED = 3
 ADAM_STATEMENTS = (
     "m = b1 * m + omb1 * g",
     "v = b2 * v + omb2 * (g * g)",
-    "p = p - step_size * (m / (sqrtf(v * inv_bc2) + eps))",
+    "p = p - m / (sqrtf(v) * v_scale + eps_scaled)",
 )
-ADAM_SCALARS = ("b1", "omb1", "b2", "omb2", "step_size", "inv_bc2", "eps")
+ADAM_SCALARS = ("b1", "omb1", "b2", "omb2", "v_scale", "eps_scaled")
 KERNEL_NAME = "fused_adam_step"
 KERNEL_OPTIONS = ("--fmad=false",)
 BLOCK = 256
@@ -61,8 +61,9 @@ def adam_scalars(train, step: int) -> tuple[np.float32, ...]:
     """The per-step constants of adam_update, as float32, in ADAM_SCALARS order."""
     b1, b2 = train.beta1, train.beta2
     step_size = train.lr_at(step) / (1.0 - b1 ** (step + 1))
-    inv_bc2 = 1.0 / (1.0 - b2 ** (step + 1))
-    return tuple(np.float32(x) for x in (b1, 1.0 - b1, b2, 1.0 - b2, step_size, inv_bc2, train.eps))
+    v_scale = (1.0 / (1.0 - b2 ** (step + 1))) ** 0.5 / step_size
+    eps_scaled = train.eps / step_size
+    return tuple(np.float32(x) for x in (b1, 1.0 - b1, b2, 1.0 - b2, v_scale, eps_scaled))
 
 
 def kernel_source() -> str:

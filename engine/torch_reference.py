@@ -1,0 +1,108 @@
+"""microgpt in PyTorch, written the usual way: a comparison point for `bench`.
+
+nn.Module with nn.Linear/nn.Embedding parameters, autograd, torch.optim.Adam
+and a LambdaLR linear decay: the same architecture, loss and update as
+engine.model, so for equal initial parameters it gives the same losses.
+PyTorch is optional: nothing else in microgpt-gui imports this module.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig, TrainConfig
+from .data import Corpus
+from .model import RMS_EPS
+from .params import init_params, param_specs
+
+
+def rmsnorm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+
+
+class Block(nn.Module):
+    def __init__(self, c: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.attn_wq = nn.Linear(c, c, bias=False)
+        self.attn_wk = nn.Linear(c, c, bias=False)
+        self.attn_wv = nn.Linear(c, c, bias=False)
+        self.attn_wo = nn.Linear(c, c, bias=False)
+        self.mlp_fc1 = nn.Linear(c, 4 * c, bias=False)
+        self.mlp_fc2 = nn.Linear(4 * c, c, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t, c = x.shape
+        heads = lambda z: z.view(t, self.n_head, c // self.n_head).transpose(0, 1)  # noqa: E731
+        xn = rmsnorm(x)
+        q, k, v = heads(self.attn_wq(xn)), heads(self.attn_wk(xn)), heads(self.attn_wv(xn))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(head_dim)
+        x = x + self.attn_wo(y.transpose(0, 1).reshape(t, c))
+        return x + self.mlp_fc2(F.relu(self.mlp_fc1(rmsnorm(x))))
+
+
+class MicroGPT(nn.Module):
+    def __init__(self, model: ModelConfig, vocab_size: int):
+        super().__init__()
+        c = model.n_embd
+        self.wte = nn.Embedding(vocab_size, c)
+        self.wpe = nn.Embedding(model.block_size, c)
+        self.lm_head = nn.Linear(c, vocab_size, bias=False)
+        self.layers = nn.ModuleList(Block(c, model.n_head) for _ in range(model.n_layer))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.shape[0])
+        x = rmsnorm(self.wte(tokens) + self.wpe(pos))
+        for block in self.layers:
+            x = block(x)
+        return self.lm_head(x)  # no final norm
+
+    def load_flat(self, flat: np.ndarray, model: ModelConfig, vocab_size: int) -> None:
+        """Copy engine.params' flat layout (microgpt's names) into the modules."""
+        own = dict(self.named_parameters())
+        with torch.no_grad():
+            for spec in param_specs(model, vocab_size):
+                name = re.sub(r"^layer(\d+)\.", r"layers.\1.", spec.name)  # layer0.x -> layers.0.x
+                own[f"{name}.weight"].copy_(torch.from_numpy(flat[spec.offset : spec.end].reshape(spec.shape)))
+
+
+class TorchReference:
+    """Trains MicroGPT on the corpus one document per step, like the backends."""
+
+    name = "torch"
+
+    def __init__(self, model: ModelConfig, train: TrainConfig, corpus: Corpus,
+                 params: np.ndarray | None = None):
+        self.model, self.train_config, self.corpus = model, train, corpus
+        if params is None:
+            params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
+        self.net = MicroGPT(model, corpus.vocab_size)
+        self.net.load_flat(params, model, corpus.vocab_size)
+        self.num_params = sum(p.numel() for p in self.net.parameters())
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=train.learning_rate,
+                                          betas=(train.beta1, train.beta2), eps=train.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda t: 1 - t / train.num_steps)
+        self.step = 0
+
+    def train(self, k: int) -> np.ndarray:
+        losses = np.empty(k, dtype=np.float32)
+        for i in range(k):
+            inputs, targets = self.corpus.step_tokens(self.step, self.model.block_size)
+            logits = self.net(torch.from_numpy(inputs.astype(np.int64)))
+            loss = F.cross_entropy(logits, torch.from_numpy(targets.astype(np.int64)))
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            losses[i] = loss.item()
+            self.step += 1
+        return losses
+
+    def close(self) -> None:
+        pass
+
