@@ -121,9 +121,9 @@ def measure(backend: str, preset_name: str, corpus: Corpus, steps: int | None = 
     preset = get_preset(preset_name).with_steps(100_000 + (warmup or 0) + (steps or 0))
     runner = _open(backend, preset, corpus)
     try:
+        least = 3 if warmup is None else max(warmup, 1 if steps is None else 0)  # 1 to pace auto steps
         start, done = time.perf_counter(), 0
-        while done < (warmup if warmup is not None else 3) or (
-                warmup is None and time.perf_counter() - start < AUTO_WARMUP_S):
+        while done < least or (warmup is None and time.perf_counter() - start < AUTO_WARMUP_S):
             runner.train(1)
             done += 1
         warmup = done
