@@ -141,10 +141,8 @@ def run_demo(args) -> int:
     model = preset.model
     print(f"num docs: {len(corpus)}")
     print(f"vocab size: {corpus.vocab_size}")
-    truncated = corpus.count_truncated(model.block_size)
-    if truncated:
-        print(f"truncated: {truncated} documents longer than {model.block_size - 1} characters "
-              f"(block_size {model.block_size}) train on their first {model.block_size} tokens")
+    if note := corpus.truncation_note(model.block_size):
+        print(f"truncated: {note}")
     backend = open_backend(args.backend, model, train, corpus)
     try:
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "

@@ -135,6 +135,14 @@ class Corpus:
         """Documents longer than block_size - 1 characters lose their tail in training."""
         return int(np.count_nonzero(self.arrays.lengths - 2 > block_size - 1))
 
+    def truncation_note(self, block_size: int) -> str:
+        """A sentence for people when some documents are truncated, else ""."""
+        n = self.count_truncated(block_size)
+        if not n:
+            return ""
+        return (f"{n} documents longer than {block_size - 1} characters "
+                f"(block_size {block_size}) train on their first {block_size} tokens")
+
     def __len__(self) -> int:
         return len(self.docs)
 

@@ -122,6 +122,7 @@ class MainWindow(FileActions, QMainWindow):
             self.statusBar().addPermanentWidget(label)
 
         self.config_panel.changed.connect(self._update_controls)
+        self.config_panel.changed.connect(self._on_config_changed)
         self.config_panel.openDatasetRequested.connect(self.open_dataset)
         self.train_button.clicked.connect(self.train_or_pause)
         self.stop_button.clicked.connect(self.stop)
@@ -167,9 +168,18 @@ class MainWindow(FileActions, QMainWindow):
         elif self.corpus is not None:
             c = self.corpus
             text = f"{len(c):,} documents, vocabulary {c.vocab_size} ({''.join(c.chars)} + end)"
+            try:
+                note = c.truncation_note(self.config_panel.model_config().block_size)
+            except ValueError:  # no valid block_size yet; the config panel says why
+                note = ""
+            text += f". Note: {note}." if note else ""
         else:
             text = " "
         self.config_panel.dataset_info.setText(text)
+
+    def _on_config_changed(self) -> None:
+        if self.session is None:  # a run shows its own dataset (perhaps a checkpoint's)
+            self._show_dataset_info()
 
     def _start_default_dataset(self) -> None:
         saved = str(self.settings.value("dataset", "") or "")
