@@ -206,7 +206,7 @@ def median_run(runs: list[BenchResult]) -> BenchResult:
 
 # output --------------------------------------------------------------------
 
-_COLUMNS = "{:<8} {:<11} {:>12} {:>10} {:>10} {:>9} {:>7}"
+_COLUMNS = "{:<17} {:<11} {:>12} {:>10} {:>10} {:>9} {:>7}"  # 17: futhark-multicore
 
 
 def table_header() -> str:
@@ -215,7 +215,7 @@ def table_header() -> str:
 
 def table_row(r: BenchResult) -> str:
     if r.status != "ok":
-        return f"{r.backend:<8} {r.preset:<11} {r.status}: {r.reason}"
+        return f"{r.backend:<17} {r.preset:<11} {r.status}: {r.reason}"
     return _COLUMNS.format(r.backend, r.preset, f"{r.params:,}", f"{r.ms_per_step:.3f}",
                            f"{r.steps_per_s:.1f}", f"{r.peak_rss_mb:.0f}", r.steps)
 
