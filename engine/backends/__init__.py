@@ -14,7 +14,6 @@ class BackendInfo:
     name: str
     available: bool
     reason: str  # why not, when unavailable; a short description otherwise
-    description: str = ""
 
 
 def _numpy_probe() -> tuple[bool, str]:
