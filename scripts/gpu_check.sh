@@ -6,7 +6,7 @@
 #
 # Steps: record the GPU, driver, CuPy and date; install what is missing (only
 # if it does not import already: CuPy through the project's `cuda` extra,
-# pytest); run tests/test_cupy_backend.py (its `gpu` tests need the device);
+# pytest); run tests/test_cupy_backend.py and tests/test_cupy_gpu.py (the GPU ones need the device);
 # run `main.py bench --backends numpy,cupy --presets tiny,s128,gpt2-small`
 # (a built-in timing loop stands in if this checkout has no bench command);
 # write everything to $OUT and print a summary. Exit status: 0 only if the
@@ -80,10 +80,10 @@ else
   echo "names.txt: $names" | tee -a "$OUT/summary.txt"
 fi
 
-log "tests: python -m pytest -q -rs tests/test_cupy_backend.py (the gpu ones need the device)"
+log "tests: python -m pytest -q -rs tests/test_cupy_backend.py tests/test_cupy_gpu.py"
 if $PY -c 'import pytest' 2>/dev/null; then
   set +e
-  timeout 600 $PY -m pytest -q -rs -p no:cacheprovider -p no:pytestqt tests/test_cupy_backend.py \
+  timeout 600 $PY -m pytest -q -rs -p no:cacheprovider -p no:pytestqt tests/test_cupy_backend.py tests/test_cupy_gpu.py \
     --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.txt"
   rc=${PIPESTATUS[0]}
   set -e
