@@ -285,10 +285,7 @@ class CupyBackend(NumpyBackend):
         self._bind()
         try:
             super()._setup(params)
-            arrays = self.corpus.arrays
-            self._d_tokens = self.xp.asarray(arrays.tokens)  # uploaded once per run
-            self._offsets = arrays.offsets.tolist()
-            self._lengths = arrays.lengths.tolist()
+            self._d_tokens = self.xp.asarray(self.corpus.arrays.tokens)  # uploaded once per run
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -297,8 +294,7 @@ class CupyBackend(NumpyBackend):
 
     def _tokens(self, step: int):
         """Corpus.step_tokens, as views of the tokens already on the device."""
-        d = step % len(self._offsets)
-        off, n = self._offsets[d], min(self.model.block_size, self._lengths[d] - 1)
+        off, n = self.corpus.step_window(step, self.model.block_size)
         return self._d_tokens[off : off + n], self._d_tokens[off + 1 : off + 1 + n]
 
     def _to_host(self, arr) -> np.ndarray:
