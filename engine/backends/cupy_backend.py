@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from ..model import loss_and_grad
+from ..model import adam_scales, loss_and_grad
 from .base import BackendError
 from .numpy_backend import NumpyBackend
 
@@ -60,9 +60,7 @@ BLOCK = 256
 def adam_scalars(train, step: int) -> tuple[np.float32, ...]:
     """The per-step constants of adam_update, as float32, in ADAM_SCALARS order."""
     b1, b2 = train.beta1, train.beta2
-    step_size = train.lr_at(step) / (1.0 - b1 ** (step + 1))
-    v_scale = (1.0 / (1.0 - b2 ** (step + 1))) ** 0.5 / step_size
-    eps_scaled = train.eps / step_size
+    v_scale, eps_scaled = adam_scales(train.lr_at(step), b1, b2, train.eps, step)
     return tuple(np.float32(x) for x in (b1, 1.0 - b1, b2, 1.0 - b2, v_scale, eps_scaled))
 
 
