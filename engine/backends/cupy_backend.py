@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from ..model import adam_scales, loss_and_grad
-from .base import BackendError
+from .base import BackendError, losses_until_divergence
 from .numpy_backend import NumpyBackend
 
 INSTALL_HINT = "pip install 'microgpt-gui[cuda]'"
@@ -330,19 +330,14 @@ class CupyBackend(NumpyBackend):
             if not is_out_of_memory(exc):
                 raise
             return self._stop_out_of_memory(losses if done else None, done)
-        return self._until_first_bad(self._to_host(losses))  # the chunk's one transfer
-
-    @staticmethod
-    def _until_first_bad(host: np.ndarray) -> np.ndarray:
-        bad = ~np.isfinite(host)
-        return host[: int(np.argmax(bad)) + 1] if bad.any() else host
+        return losses_until_divergence(self._to_host(losses))  # the chunk's one transfer
 
     def _stop_out_of_memory(self, losses, done: int) -> np.ndarray:
         """Keep the steps that completed, then raise BackendError (or report a divergence first)."""
         host = self._to_host(losses[:done]) if done else np.empty(0, dtype=np.float32)
         bad = ~np.isfinite(host)
         if bad.any():  # the loss diverged before memory ran out: that is the error to report
-            return self._until_first_bad(host)
+            return losses_until_divergence(host)
         self._losses[self._step : self._step + done] = host
         self._step += done
         self._free_pool()

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..model import ADAM_BLOCK, Weights, adam_update, loss_and_grad, next_token_logits
-from .base import Backend, TrainState
+from .base import Backend, TrainState, sample_rows_to_ids
 
 # Adam is memory-bound and NumPy's element-wise operations use one core; on
 # large models, contiguous parts of the buffers are updated in parallel threads
@@ -117,11 +117,7 @@ class NumpyBackend(Backend):
             tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
             if done.all():
                 break
-        samples = []
-        for row in tokens[:, 1:]:
-            stop = np.flatnonzero(row == bos)
-            samples.append(row[: stop[0] if len(stop) else len(row)].tolist())
-        return samples
+        return sample_rows_to_ids(tokens[:, 1:], bos)
 
     def _get_state(self) -> TrainState:
         return TrainState(self._to_host(self.p), self._to_host(self.m), self._to_host(self.v), self._step)
