@@ -91,18 +91,15 @@ class NumpyBackend(Backend):
             step = self._step + i
             inputs, targets = self._tokens(step)
             loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
-            if not self._finite(xp.dot(self.g, self.g)):
+            if not np.isfinite(xp.dot(self.g, self.g)):
                 # a finite loss can still have a NaN/inf gradient (overflow in the
                 # backward pass); Adam would write NaN into every parameter
                 loss = xp.nan
             losses[i] = loss
-            if not self._finite(loss):  # keep the parameters from before this step
+            if not np.isfinite(loss):  # keep the parameters from before this step
                 return self._to_host(losses[: i + 1])
             self._adam(step)
         return self._to_host(losses)
-
-    def _finite(self, loss) -> bool:
-        return bool(np.isfinite(loss))
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
         xp, bos = self.xp, self.corpus.bos
