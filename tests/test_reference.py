@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from engine import PRESETS, Corpus, ModelConfig, TrainConfig, init_params, open_backend
+from engine import PRESETS, Corpus, TrainConfig, init_params, open_backend
 
 STEPS = 50
 
@@ -210,12 +210,12 @@ def test_adam_parameters_after_50_steps_equal_microgpts(tiny_runs):
     np.testing.assert_allclose(flat, ref_params, rtol=0, atol=2e-5)  # measured: ~1.2e-6
 
 
-def test_multi_layer_multi_head_with_truncation(tmp_path, small_corpus, microgpt_docs):
+def test_multi_layer_multi_head_with_truncation(tmp_path, small_corpus, small_model, microgpt_docs):
     """Two layers, two heads, block 8 (names longer than 7 letters are cut): the
     layer loop, head split and truncation through the whole training loop."""
     path = tmp_path / "small.txt"
     path.write_text("\n".join(sorted(small_corpus.docs)) + "\n")
-    model = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)
+    model = small_model
     train = TrainConfig(num_steps=40, learning_rate=0.02, seed=3)
     docs = microgpt_docs(path)
     assert any(len(d) > model.block_size - 1 for d in docs[:20])
