@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
+from .backends import TrainState, open_backend
 from .config import ModelConfig, TrainConfig
 from .data import Corpus, DatasetError
 
@@ -119,10 +120,6 @@ def load_checkpoint(path, backend: str = "numpy", num_steps: int | None = None):
 
     num_steps, if given, extends (or shortens, not below the current step) the run.
     """
-    from dataclasses import replace
-
-    from .backends import TrainState, open_backend
-
     ck = read_checkpoint(path)
     train = ck.train if num_steps is None else replace(ck.train, num_steps=num_steps)
     if ck.step > train.num_steps:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .backends import BackendError, TrainingDiverged, open_backend
 from .config import PRESETS, get_preset
-from .data import DatasetError, load_corpus
+from .data import DatasetError, default_dataset_path, load_corpus
 
 EXIT_ERROR = 1  # training or backend failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
@@ -178,8 +178,6 @@ def run_benchmark(args, argv: list[str]) -> int:
     bench.availability(backends)
     corpus_path = args.data
     if corpus_path is None:
-        from .data import default_dataset_path
-
         corpus_path = default_dataset_path(download_progress())
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
     info = bench.machine_info(with_torch=bench.TORCH in backends)

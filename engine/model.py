@@ -171,6 +171,12 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
 ADAM_BLOCK = 1 << 18  # elements: five 1 MiB blocks per update stay in L2/L3 cache
 
 
+def adam_scales(lr_t: float, b1: float, b2: float, eps: float, step: int) -> tuple[float, float]:
+    """(v_scale, eps_scaled) of adam_update's p -= m / (sqrt(v) * v_scale + eps_scaled)."""
+    step_size = lr_t / (1.0 - b1 ** (step + 1))
+    return (1.0 / (1.0 - b2 ** (step + 1))) ** 0.5 / step_size, eps / step_size
+
+
 def adam_update(p, g, m, v, scratch, lr_t: float, b1: float, b2: float, eps: float,
                 step: int, xp, block: int = ADAM_BLOCK):
     """microgpt's Adam, in place over flat buffers, one cache-sized block at a time.
@@ -182,9 +188,7 @@ def adam_update(p, g, m, v, scratch, lr_t: float, b1: float, b2: float, eps: flo
     preset's update is bound by memory traffic, so blocking keeps the scratch
     in cache and each buffer is read and written once.
     """
-    step_size = lr_t / (1.0 - b1 ** (step + 1))
-    v_scale = (1.0 / (1.0 - b2 ** (step + 1))) ** 0.5 / step_size
-    eps_scaled = eps / step_size
+    v_scale, eps_scaled = adam_scales(lr_t, b1, b2, eps, step)
     for lo in range(0, p.shape[0], block):
         hi = min(lo + block, p.shape[0])
         pb, gb, mb, vb, d = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scratch[: hi - lo]

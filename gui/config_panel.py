@@ -82,7 +82,7 @@ class ConfigPanel(QWidget):
 
         self.open_button.clicked.connect(self.openDatasetRequested)
         self.preset_combo.currentTextChanged.connect(self.apply_preset)
-        for spin in (*self.fields.values(), self.steps_spin, self.lr_spin, self.std_spin, self.seed_spin):
+        for _, spin in self._named_spins():
             spin.valueChanged.connect(self._on_changed)
         self.backend_combo.currentIndexChanged.connect(self._on_changed)
         self.apply_preset(self.preset_combo.currentText())
@@ -188,12 +188,15 @@ class ConfigPanel(QWidget):
             box.setEnabled(editable)
 
     # settings ---------------------------------------------------------------
+    def _named_spins(self) -> list[tuple[str, QSpinBox | QDoubleSpinBox]]:
+        """Every config field, by its engine name (also its settings key)."""
+        return [*self.fields.items(), ("num_steps", self.steps_spin), ("learning_rate", self.lr_spin),
+                ("init_std", self.std_spin), ("seed", self.seed_spin)]
+
     def save_settings(self, settings) -> None:
         settings.setValue("preset", self.preset_combo.currentText())
         settings.setValue("backend", self.backend_name() or "")
-        for name, spin in (*self.fields.items(), ("num_steps", self.steps_spin),
-                           ("learning_rate", self.lr_spin), ("init_std", self.std_spin),
-                           ("seed", self.seed_spin)):
+        for name, spin in self._named_spins():
             settings.setValue("config/" + name, spin.value())
 
     def restore_settings(self, settings) -> None:
@@ -202,9 +205,7 @@ class ConfigPanel(QWidget):
             self.preset_combo.setCurrentText(preset)
         self._filling = True
         try:
-            for name, spin in (*self.fields.items(), ("num_steps", self.steps_spin),
-                               ("learning_rate", self.lr_spin), ("init_std", self.std_spin),
-                               ("seed", self.seed_spin)):
+            for name, spin in self._named_spins():
                 value = settings.value("config/" + name)
                 if value is not None:
                     try:

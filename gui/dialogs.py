@@ -56,7 +56,7 @@ class DefaultDatasetDownload(QObject):
 
     def _run(self) -> None:
         try:
-            path = engine_data.default_dataset_path(progress=lambda done, total: self._emit_progress(done, total))
+            path = engine_data.default_dataset_path(progress=self._emit_progress)
         except Exception as exc:  # offline, corrupt download, unwritable data dir
             self._emit(self.failed, str(exc))
         else:

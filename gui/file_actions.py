@@ -50,7 +50,7 @@ class FileActions:
 
     # files ------------------------------------------------------------------
     def save_checkpoint(self, path: str | None = None) -> None:
-        if self.session is None or self.state not in (w.READY, w.RUNNING, w.PAUSED, w.DONE):
+        if self.session is None or self.state not in w.HAS_MODEL:
             self.show_message("info", "Nothing to save", "Train a model first.")
             return
         if path is None:

@@ -57,6 +57,7 @@ class GrowingSeries:
 
     def __init__(self):
         self.n = 0
+        self.x = np.empty(1024, dtype=np.float64)  # x[i] == i: filled once, not per redraw
         self.y = np.empty(1024, dtype=np.float64)
         self.smooth = np.empty(1024, dtype=np.float64)
         self._carry = 0.0
@@ -64,7 +65,7 @@ class GrowingSeries:
     def _reserve(self, n: int) -> None:
         if n > len(self.y):
             size = max(n, 2 * len(self.y))
-            for name in ("y", "smooth"):
+            for name in ("x", "y", "smooth"):
                 grown = np.empty(size, dtype=np.float64)
                 grown[: self.n] = getattr(self, name)[: self.n]
                 setattr(self, name, grown)
@@ -74,6 +75,7 @@ class GrowingSeries:
             self.truncate(first_step, weight)
         end = first_step + len(losses)
         self._reserve(end)
+        self.x[first_step:end] = np.arange(first_step, end)
         self.y[first_step:end] = losses
         self.smooth[first_step:end], self._carry = ema(losses, weight, self._carry, first_step)
         self.n = end
@@ -87,7 +89,7 @@ class GrowingSeries:
 
     @property
     def steps(self) -> np.ndarray:
-        return np.arange(self.n, dtype=np.float64)
+        return self.x[: self.n]
 
 
 class LossPlot(QWidget):
@@ -178,7 +180,7 @@ class LossPlot(QWidget):
     def data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Copies of (steps, losses, smoothed losses) as displayed."""
         s = self.series
-        return s.steps, s.y[: s.n].copy(), s.smooth[: s.n].copy()
+        return s.steps.copy(), s.y[: s.n].copy(), s.smooth[: s.n].copy()
 
     # drawing ----------------------------------------------------------------
     def _schedule(self) -> None:

@@ -28,6 +28,7 @@ ORGANIZATION, APPLICATION = "microgpt-gui", "microgpt-gui"
 SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # an .ini path that replaces the user's settings
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 ACTIVE = (w.RUNNING, w.PAUSED)
+IDLE = ("none", w.DONE, w.FAILED)  # no run going: settings are editable and Train starts one
 
 
 def open_settings() -> QSettings:
@@ -273,7 +274,7 @@ class MainWindow(FileActions, QMainWindow):
                 self.show_message("warning", "Still busy", "the training thread did not end in time")
 
     def request_samples(self, num_samples: int, temperature: float, seed: int) -> None:
-        if self.session is None or self.state not in (w.READY, w.RUNNING, w.PAUSED, w.DONE):
+        if self.session is None or self.state not in w.HAS_MODEL:
             self.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
             return
         self.session.worker.request_samples(num_samples, temperature, seed)
@@ -368,16 +369,16 @@ class MainWindow(FileActions, QMainWindow):
         state, problem = self.state, self._train_problem()
         labels = {w.RUNNING: "Pause", w.PAUSED: "Resume", w.READY: "Resume", w.OPENING: "Opening..."}
         self.train_button.setText(labels.get(state, "Train"))
-        can_start = state in ("none", w.DONE, w.FAILED) and not problem
+        can_start = state in IDLE and not problem
         self.train_button.setEnabled(state in (w.RUNNING, w.PAUSED, w.READY) or can_start)
-        self.train_button.setToolTip(problem if state in ("none", w.DONE, w.FAILED) and problem
+        self.train_button.setToolTip(problem if state in IDLE and problem
                                      else "Start, pause or resume training (F5)")
         self.stop_button.setEnabled(state in ACTIVE)
         self.reset_button.setEnabled(self.session is not None or self.loss_plot.series.n > 0)
-        has_model = state in (w.READY, w.RUNNING, w.PAUSED, w.DONE)
+        has_model = state in w.HAS_MODEL
         self.sample_panel.sample_button.setEnabled(has_model)
         self.save_action.setEnabled(has_model)
-        self.config_panel.set_editable(state in ("none", w.DONE, w.FAILED))
+        self.config_panel.set_editable(state in IDLE)
 
     def _update_progress_text(self) -> None:
         if self.run_info is None or self.state == w.OPENING:

@@ -31,6 +31,7 @@ MAX_STEPS_PER_CHUNK = 4096
 # worker states (stateChanged carries one of these)
 OPENING, READY, RUNNING, PAUSED, DONE, FAILED, CLOSED = (
     "opening", "ready", "running", "paused", "done", "failed", "closed")
+HAS_MODEL = (READY, RUNNING, PAUSED, DONE)  # the backend is open: it can sample and save
 
 
 @dataclass(frozen=True)

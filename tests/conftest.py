@@ -7,6 +7,7 @@ tests that need it skip with a stated reason where it is absent.
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,25 @@ def names_path() -> Path:
 def names_corpus(names_path) -> Corpus:
     """The full names corpus in microgpt's training order (read once per session)."""
     return Corpus.from_file(names_path)
+
+
+def read_microgpt_docs(path) -> list[str]:
+    """microgpt's own loading and shuffling, with the global `random` module
+    (an independent reference for engine.data's training order)."""
+    docs = [line.strip() for line in Path(path).read_text().strip().split("\n") if line.strip()]
+    saved = random.getstate()
+    try:
+        random.seed(42)
+        random.shuffle(docs)
+    finally:
+        random.setstate(saved)
+    return docs
+
+
+@pytest.fixture(scope="session")
+def microgpt_docs():
+    """read_microgpt_docs: a function of the dataset's path."""
+    return read_microgpt_docs
 
 
 @pytest.fixture(scope="session")

@@ -9,17 +9,16 @@ import zipfile
 import numpy as np
 import pytest
 
-from engine import (CheckpointError, ModelConfig, TrainConfig, load_checkpoint, open_backend,
+from engine import (CheckpointError, TrainConfig, load_checkpoint, open_backend,
                     read_checkpoint, save_checkpoint)
 
-MODEL = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)
 TRAIN = TrainConfig(num_steps=30, learning_rate=0.02, seed=9)
 
 
 @pytest.fixture
-def run(small_corpus):
+def run(small_corpus, small_model):
     """A backend trained for 6 steps."""
-    b = open_backend("numpy", MODEL, TRAIN, small_corpus)
+    b = open_backend("numpy", small_model, TRAIN, small_corpus)
     b.train(6)
     return b
 
@@ -31,8 +30,8 @@ def saved(run, tmp_path):
     return path
 
 
-def test_resume_gives_the_same_next_losses(run, saved, small_corpus):
-    uninterrupted = open_backend("numpy", MODEL, TRAIN, small_corpus)
+def test_resume_gives_the_same_next_losses(run, saved, small_corpus, small_model):
+    uninterrupted = open_backend("numpy", small_model, TRAIN, small_corpus)
     expected = uninterrupted.train(16)
     resumed = load_checkpoint(saved, backend="numpy")
     assert resumed.step == 6
@@ -42,9 +41,9 @@ def test_resume_gives_the_same_next_losses(run, saved, small_corpus):
     assert np.array_equal(resumed.loss_history, expected)
 
 
-def test_checkpoint_holds_configs_vocab_docs_and_moments(run, saved, small_corpus):
+def test_checkpoint_holds_configs_vocab_docs_and_moments(run, saved, small_corpus, small_model):
     ck = read_checkpoint(saved)
-    assert ck.model == MODEL and ck.train == TRAIN and ck.step == 6 and ck.backend == "numpy"
+    assert ck.model == small_model and ck.train == TRAIN and ck.step == 6 and ck.backend == "numpy"
     assert ck.corpus.docs == small_corpus.docs and ck.corpus.chars == small_corpus.chars
     state = run.get_state()
     for name in ("params", "m", "v"):
@@ -60,8 +59,8 @@ def test_load_checkpoint_can_extend_the_run(saved):
         load_checkpoint(saved, num_steps=5)
 
 
-def test_save_at_step_zero_and_at_the_end(small_corpus, tmp_path):
-    b = open_backend("numpy", MODEL, TrainConfig(num_steps=3), small_corpus)
+def test_save_at_step_zero_and_at_the_end(small_corpus, small_model, tmp_path):
+    b = open_backend("numpy", small_model, TrainConfig(num_steps=3), small_corpus)
     b.save(tmp_path / "zero.npz")
     assert load_checkpoint(tmp_path / "zero.npz").step == 0
     b.train(3)
@@ -172,7 +171,7 @@ def test_a_plain_npz_is_not_a_checkpoint(tmp_path):
         load_checkpoint(path)
 
 
-def test_mismatched_parameter_count(saved):
+def test_mismatched_parameter_count(saved, small_model):
     arrays = contents(saved)
     arrays["params"] = arrays["params"][:-1]
     write_npz(saved, arrays)
@@ -180,7 +179,7 @@ def test_mismatched_parameter_count(saved):
         load_checkpoint(saved)
     message = str(info.value)
     assert "'params'" in message and "parameters" in message
-    n = MODEL.num_params(len(str(arrays["chars"])) + 1)  # vocabulary = chars + bos
+    n = small_model.num_params(len(str(arrays["chars"])) + 1)  # vocabulary = chars + bos
     assert str(n - 1) in message and str(n) in message
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import random
 import socket
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,19 +17,7 @@ from engine.data import download_dataset
 
 # ---- training order and vocabulary -------------------------------------------
 
-def microgpt_docs(path: Path) -> list[str]:
-    """microgpt's own loading and shuffling, with the global `random` module."""
-    docs = [line.strip() for line in path.read_text().strip().split("\n") if line.strip()]
-    saved = random.getstate()
-    try:
-        random.seed(42)
-        random.shuffle(docs)
-    finally:
-        random.setstate(saved)
-    return docs
-
-
-def test_training_order_is_microgpts(names_path, names_corpus):
+def test_training_order_is_microgpts(names_path, names_corpus, microgpt_docs):
     expected = microgpt_docs(names_path)
     assert len(names_corpus.docs) == len(expected) == 32033
     assert names_corpus.docs == expected

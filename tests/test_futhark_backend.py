@@ -6,11 +6,6 @@ with the real compiler and skip with the reason where `futhark` is absent.
 """
 from __future__ import annotations
 
-import os
-import shutil
-from dataclasses import replace
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -26,28 +21,9 @@ NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper
 TWO_LAYERS = ModelConfig(n_embd=16, n_layer=2, n_head=2, block_size=8)  # heads differ from tiny's 4
 
 
-def names_path() -> Path:
-    """makemore's names.txt in ../shared/data beside the repository root."""
-    if os.environ.get("MICROGPT_NAMES"):
-        return Path(os.environ["MICROGPT_NAMES"])
-    root = Path(__file__).resolve().parents[1]
-    for folder in (root.parent, *root.parents):
-        if (folder / "shared" / "data" / "names.txt").is_file():
-            return folder / "shared" / "data" / "names.txt"
-    return root.parent / "shared" / "data" / "names.txt"
-
-
 @pytest.fixture(scope="module")
 def corpus() -> Corpus:
     return Corpus.from_lines(NAMES)
-
-
-@pytest.fixture(scope="module")
-def names_corpus() -> Corpus:
-    path = names_path()
-    if not path.is_file():
-        pytest.skip(f"names.txt not found at {path} (the shared dataset beside the repository)")
-    return Corpus.from_file(path)
 
 
 # -- marshalling, no compiler needed ----------------------------------------------

@@ -10,13 +10,11 @@ tuples), so the graph is smaller but the arithmetic is the same.
 from __future__ import annotations
 
 import math
-import random
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engine import PRESETS, Corpus, ModelConfig, TrainConfig, init_params, open_backend
+from engine import PRESETS, Corpus, TrainConfig, init_params, open_backend
 
 STEPS = 50
 
@@ -135,16 +133,6 @@ def gpt(sd, token, pos, keys, values, n_layer, n_head):
     return linear(x, sd["lm_head"])
 
 
-def microgpt_docs(path):
-    text = Path(path).read_text()
-    docs = [line.strip() for line in text.strip().split("\n") if line.strip()]
-    saved = random.getstate()
-    random.seed(42)
-    random.shuffle(docs)
-    random.setstate(saved)
-    return docs
-
-
 def microgpt_train(docs, flat_init, model, train, steps):
     """microgpt's training loop from the given initial parameters.
 
@@ -193,7 +181,7 @@ def microgpt_train(docs, flat_init, model, train, steps):
 # ---- the comparison -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_runs(names_path):
+def tiny_runs(names_path, microgpt_docs):
     preset = PRESETS["tiny"]
     model, train = preset.model, preset.train
     docs = microgpt_docs(names_path)
@@ -222,12 +210,12 @@ def test_adam_parameters_after_50_steps_equal_microgpts(tiny_runs):
     np.testing.assert_allclose(flat, ref_params, rtol=0, atol=2e-5)  # measured: ~1.2e-6
 
 
-def test_multi_layer_multi_head_with_truncation(tmp_path, small_corpus):
+def test_multi_layer_multi_head_with_truncation(tmp_path, small_corpus, small_model, microgpt_docs):
     """Two layers, two heads, block 8 (names longer than 7 letters are cut): the
     layer loop, head split and truncation through the whole training loop."""
     path = tmp_path / "small.txt"
     path.write_text("\n".join(sorted(small_corpus.docs)) + "\n")
-    model = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)
+    model = small_model
     train = TrainConfig(num_steps=40, learning_rate=0.02, seed=3)
     docs = microgpt_docs(path)
     assert any(len(d) > model.block_size - 1 for d in docs[:20])

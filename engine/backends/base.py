@@ -41,6 +41,23 @@ class TrainState:
     step: int
 
 
+def losses_until_divergence(losses) -> np.ndarray:
+    """losses cut after the first non-finite one (what _train_steps returns
+    when a step diverges), as float32."""
+    losses = np.asarray(losses, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(losses))
+    return losses[: bad[0] + 1] if len(bad) else losses
+
+
+def sample_rows_to_ids(rows, bos: int) -> list[list[int]]:
+    """Each row of generated tokens up to (without) its first bos."""
+    samples = []
+    for row in np.asarray(rows):
+        stop = np.flatnonzero(row == bos)
+        samples.append(row[: stop[0] if len(stop) else len(row)].tolist())
+    return samples
+
+
 class Backend(ABC):
     name: str = "?"
 

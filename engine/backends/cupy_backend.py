@@ -23,8 +23,8 @@ import os
 
 import numpy as np
 
-from ..model import loss_and_grad
-from .base import BackendError
+from ..model import adam_scales, loss_and_grad
+from .base import BackendError, losses_until_divergence
 from .numpy_backend import NumpyBackend
 
 INSTALL_HINT = "pip install 'microgpt-gui[cuda]'"
@@ -60,9 +60,7 @@ BLOCK = 256
 def adam_scalars(train, step: int) -> tuple[np.float32, ...]:
     """The per-step constants of adam_update, as float32, in ADAM_SCALARS order."""
     b1, b2 = train.beta1, train.beta2
-    step_size = train.lr_at(step) / (1.0 - b1 ** (step + 1))
-    v_scale = (1.0 / (1.0 - b2 ** (step + 1))) ** 0.5 / step_size
-    eps_scaled = train.eps / step_size
+    v_scale, eps_scaled = adam_scales(train.lr_at(step), b1, b2, train.eps, step)
     return tuple(np.float32(x) for x in (b1, 1.0 - b1, b2, 1.0 - b2, v_scale, eps_scaled))
 
 
@@ -285,10 +283,7 @@ class CupyBackend(NumpyBackend):
         self._bind()
         try:
             super()._setup(params)
-            arrays = self.corpus.arrays
-            self._d_tokens = self.xp.asarray(arrays.tokens)  # uploaded once per run
-            self._offsets = arrays.offsets.tolist()
-            self._lengths = arrays.lengths.tolist()
+            self._d_tokens = self.xp.asarray(self.corpus.arrays.tokens)  # uploaded once per run
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -297,8 +292,7 @@ class CupyBackend(NumpyBackend):
 
     def _tokens(self, step: int):
         """Corpus.step_tokens, as views of the tokens already on the device."""
-        d = step % len(self._offsets)
-        off, n = self._offsets[d], min(self.model.block_size, self._lengths[d] - 1)
+        off, n = self.corpus.step_window(step, self.model.block_size)
         return self._d_tokens[off : off + n], self._d_tokens[off + 1 : off + 1 + n]
 
     def _to_host(self, arr) -> np.ndarray:
@@ -336,19 +330,14 @@ class CupyBackend(NumpyBackend):
             if not is_out_of_memory(exc):
                 raise
             return self._stop_out_of_memory(losses if done else None, done)
-        return self._until_first_bad(self._to_host(losses))  # the chunk's one transfer
-
-    @staticmethod
-    def _until_first_bad(host: np.ndarray) -> np.ndarray:
-        bad = ~np.isfinite(host)
-        return host[: int(np.argmax(bad)) + 1] if bad.any() else host
+        return losses_until_divergence(self._to_host(losses))  # the chunk's one transfer
 
     def _stop_out_of_memory(self, losses, done: int) -> np.ndarray:
         """Keep the steps that completed, then raise BackendError (or report a divergence first)."""
         host = self._to_host(losses[:done]) if done else np.empty(0, dtype=np.float32)
         bad = ~np.isfinite(host)
         if bad.any():  # the loss diverged before memory ran out: that is the error to report
-            return self._until_first_bad(host)
+            return losses_until_divergence(host)
         self._losses[self._step : self._step + done] = host
         self._step += done
         self._free_pool()

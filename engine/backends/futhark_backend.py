@@ -15,7 +15,7 @@ from .. import futhark_build
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..params import LAYER_PARAMS, ParamSpec
-from .base import Backend, BackendError, TrainState
+from .base import Backend, BackendError, TrainState, losses_until_divergence, sample_rows_to_ids
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -55,23 +55,6 @@ def state_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
         np.ascontiguousarray(arrays.offsets, dtype=np.int64),
         np.ascontiguousarray(arrays.lengths, dtype=np.int32),
     )
-
-
-def losses_until_divergence(losses: np.ndarray) -> np.ndarray:
-    """The kernel's k losses cut after the first non-finite one (the contract of
-    Backend._train_steps); the kernel stopped updating there."""
-    losses = np.asarray(losses, dtype=np.float32)
-    bad = np.flatnonzero(~np.isfinite(losses))
-    return losses[: bad[0] + 1] if len(bad) else losses
-
-
-def sample_rows_to_ids(rows: np.ndarray, bos: int) -> list[list[int]]:
-    """Each row of generated tokens up to (without) its first bos."""
-    samples = []
-    for row in np.asarray(rows):
-        stop = np.flatnonzero(row == bos)
-        samples.append(row[: stop[0] if len(stop) else len(row)].tolist())
-    return samples
 
 
 class FutharkBackend(Backend):

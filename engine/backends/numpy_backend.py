@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..model import ADAM_BLOCK, Weights, adam_update, loss_and_grad, next_token_logits
-from .base import Backend, TrainState
+from .base import Backend, TrainState, sample_rows_to_ids
 
 # Adam is memory-bound and NumPy's element-wise operations use one core; on
 # large models, contiguous parts of the buffers are updated in parallel threads
@@ -91,18 +91,15 @@ class NumpyBackend(Backend):
             step = self._step + i
             inputs, targets = self._tokens(step)
             loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
-            if not self._finite(xp.dot(self.g, self.g)):
+            if not np.isfinite(xp.dot(self.g, self.g)):
                 # a finite loss can still have a NaN/inf gradient (overflow in the
                 # backward pass); Adam would write NaN into every parameter
                 loss = xp.nan
             losses[i] = loss
-            if not self._finite(loss):  # keep the parameters from before this step
+            if not np.isfinite(loss):  # keep the parameters from before this step
                 return self._to_host(losses[: i + 1])
             self._adam(step)
         return self._to_host(losses)
-
-    def _finite(self, loss) -> bool:
-        return bool(np.isfinite(loss))
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
         xp, bos = self.xp, self.corpus.bos
@@ -117,11 +114,7 @@ class NumpyBackend(Backend):
             tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
             if done.all():
                 break
-        samples = []
-        for row in tokens[:, 1:]:
-            stop = np.flatnonzero(row == bos)
-            samples.append(row[: stop[0] if len(stop) else len(row)].tolist())
-        return samples
+        return sample_rows_to_ids(tokens[:, 1:], bos)
 
     def _get_state(self) -> TrainState:
         return TrainState(self._to_host(self.p), self._to_host(self.m), self._to_host(self.v), self._step)

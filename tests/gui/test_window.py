@@ -41,13 +41,13 @@ def curve(window):
     return (np.empty(0), np.empty(0)) if x is None else (np.asarray(x), np.asarray(y))
 
 
-def reference_losses(names_path, steps, preset="tiny", first=None):
+def reference_losses(corpus, steps, preset="tiny", first=None):
     """The same run (num_steps=steps) straight through the engine, in one train() call
     of `first` steps (all of them by default)."""
     p = engine.PRESETS[preset]
     train = engine.TrainConfig(num_steps=steps, learning_rate=p.train.learning_rate,
                                init_std=p.train.init_std, seed=p.train.seed)
-    backend = engine.open_backend("numpy", p.model, train, engine.load_corpus(names_path))
+    backend = engine.open_backend("numpy", p.model, train, corpus)
     return backend.train(first or steps)
 
 
@@ -57,7 +57,7 @@ def train_to_end(qtbot, window, steps):
     wait_state(qtbot, window, "done")
 
 
-def test_tiny_run_completes_and_the_curve_holds_every_step(make_window, names_path, qtbot):
+def test_tiny_run_completes_and_the_curve_holds_every_step(make_window, names_path, names_corpus, qtbot):
     window = make_window(names_path)
     assert widget(window, QComboBox, "presetCombo").currentText() == "tiny"
     train_to_end(qtbot, window, 200)
@@ -66,7 +66,7 @@ def test_tiny_run_completes_and_the_curve_holds_every_step(make_window, names_pa
     assert len(history) == 200
     np.testing.assert_array_equal(x, np.arange(200))
     np.testing.assert_array_equal(y.astype(np.float32), history)
-    np.testing.assert_array_equal(history, reference_losses(names_path, 200))
+    np.testing.assert_array_equal(history, reference_losses(names_corpus, 200))
     bar = widget(window, QProgressBar, "progressBar")
     assert bar.value() == bar.maximum() == 200
     assert not widget(window, QPushButton, "stopButton").isEnabled()
@@ -83,7 +83,7 @@ def test_loss_falls(make_window, names_path, qtbot):
     assert y[0] == pytest.approx(np.log(window.corpus.vocab_size), abs=0.3)  # starts near uniform
 
 
-def test_sampling_during_and_after_training(make_window, names_path, qtbot):
+def test_sampling_during_and_after_training(make_window, names_path, names_corpus, qtbot):
     window = make_window(names_path)
     alphabet = set(window.corpus.chars)
     samples = widget(window, QListWidget, "samplesList")
@@ -112,10 +112,10 @@ def test_sampling_during_and_after_training(make_window, names_path, qtbot):
         assert any(names)
     # sampling mid-run left training alone: the curve is the undisturbed run's
     _, y = curve(window)
-    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_path, 100_000, first=len(y)))
+    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 100_000, first=len(y)))
 
 
-def test_pause_resume_continues_from_the_same_step(make_window, names_path, qtbot):
+def test_pause_resume_continues_from_the_same_step(make_window, names_path, names_corpus, qtbot):
     window = make_window(names_path)
     set_steps(window, 300)
     click(qtbot, window, "trainButton")
@@ -131,7 +131,7 @@ def test_pause_resume_continues_from_the_same_step(make_window, names_path, qtbo
     wait_state(qtbot, window, "done")
     x, y = curve(window)
     np.testing.assert_array_equal(x, np.arange(300))
-    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_path, 300))
+    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 300))
 
 
 def test_stop_ends_the_run_early(make_window, names_path, qtbot):
@@ -229,7 +229,7 @@ def test_backend_failure_is_reported_and_the_window_stays_usable(make_window, na
     assert window.loss_plot.series.n == 20
 
 
-def test_checkpoint_save_then_load_resumes_curve_and_step(make_window, names_path, qtbot, tmp_path):
+def test_checkpoint_save_then_load_resumes_curve_and_step(make_window, names_path, names_corpus, qtbot, tmp_path):
     window = make_window(names_path)
     set_steps(window, 300)
     click(qtbot, window, "trainButton")
@@ -256,7 +256,7 @@ def test_checkpoint_save_then_load_resumes_curve_and_step(make_window, names_pat
     wait_state(qtbot, window, "done")
     x, y = curve(window)
     np.testing.assert_array_equal(x, np.arange(300))
-    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_path, 300))
+    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 300))
 
 
 def test_bad_files_give_messages_and_change_nothing(make_window, names_path, qtbot, tmp_path):
@@ -348,7 +348,7 @@ def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
     assert QGuiApplication.clipboard().text() == samples.item(3).text()
 
 
-def test_divergence_keeps_the_good_steps_and_reports(make_window, names_path, qtbot, monkeypatch):
+def test_divergence_keeps_the_good_steps_and_reports(make_window, names_path, names_corpus, qtbot, monkeypatch):
     from engine.backends.numpy_backend import NumpyBackend
 
     bad_step = 7
@@ -373,7 +373,7 @@ def test_divergence_keeps_the_good_steps_and_reports(make_window, names_path, qt
     assert kind == "error" and f"diverged at step {bad_step + 1}" in text
     x, y = curve(window)
     np.testing.assert_array_equal(x, np.arange(bad_step))
-    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_path, 50)[:bad_step])
+    np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 50)[:bad_step])
     assert window.session.worker.step == bad_step
     assert widget(window, QPushButton, "trainButton").isEnabled()
     click(qtbot, window, "sampleButton")  # the parameters from before the bad step still sample
