@@ -3,12 +3,14 @@ sampling, parameters, divergence, and the registry."""
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
 
-from engine import (PRESETS, Corpus, ModelConfig, TrainConfig, TrainingDiverged, list_backends,
-                    open_backend)
+from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
+                    list_backends, open_backend)
 
 
 def open_numpy(model, train, corpus):
@@ -279,3 +281,34 @@ def test_nan_gradient_with_finite_loss_keeps_finite_parameters(small_corpus, sma
     assert np.all(np.isfinite(state.params)), "the parameters kept are usable"
     assert np.all(np.isfinite(state.m)) and np.all(np.isfinite(state.v))
     assert np.all(np.isfinite(b.loss_history)) and len(b.loss_history) == b.step
+
+
+
+def test_a_model_larger_than_free_memory_is_refused_before_allocating(monkeypatch, small_corpus):
+    from engine.backends import base
+
+    model = PRESETS["s128"].model
+    need_gib = 5 * model.num_params(small_corpus.vocab_size) * 4 / 2**30
+    allocated = []
+    monkeypatch.setattr(base, "init_params", lambda *a, **k: allocated.append(a))
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(BackendError, match=rf"needs about {need_gib:.1f} GiB .* 0\.0 GiB is available"):
+        open_backend("numpy", model, TrainConfig(num_steps=2), small_corpus)
+    assert allocated == []  # refused before the parameters were made
+
+
+def test_memory_check_passes_when_memory_is_unknown_or_enough(monkeypatch, small_corpus):
+    from engine.backends import base
+
+    for free in (None, 1 << 34):
+        monkeypatch.setattr(base, "available_memory_bytes", lambda free=free: free)
+        backend = open_backend("numpy", ModelConfig(8, 1, 2, 8), TrainConfig(num_steps=2), small_corpus)
+        assert len(backend.train(2)) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
+def test_available_memory_is_at_most_the_physical_memory():
+    from engine.backends.base import available_memory_bytes
+
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 0 < available_memory_bytes() <= physical

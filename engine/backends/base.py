@@ -6,6 +6,7 @@ checkpoints. A subclass supplies the arithmetic through the `_` methods.
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -58,8 +59,26 @@ def sample_rows_to_ids(rows, bos: int) -> list[list[int]]:
     return samples
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the OS can hand out without swapping (Linux's MemAvailable); None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 class Backend(ABC):
     name: str = "?"
+    # Parameter-sized float32 buffers this backend holds in host memory at its
+    # peak (the initial parameters and a read-back copy, by default).
+    host_buffers: int = 2
 
     def __init__(self, model: ModelConfig, train: TrainConfig, corpus: Corpus,
                  params: np.ndarray | None = None):
@@ -68,6 +87,7 @@ class Backend(ABC):
         self.model, self.train_config, self.corpus = model, train, corpus
         self.specs = param_specs(model, corpus.vocab_size)
         self.num_params = self.specs[-1].end
+        self._check_host_memory()
         if params is None:
             params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
         elif params.shape != (self.num_params,):
@@ -75,6 +95,16 @@ class Backend(ABC):
         self._step = 0
         self._losses = np.full(train.num_steps, np.nan, dtype=np.float32)
         self._setup(np.ascontiguousarray(params, dtype=np.float32))
+
+    def _check_host_memory(self) -> None:
+        """Refuse a model that cannot fit, before allocating it: on Linux an
+        allocation past free memory can succeed and then get the process killed."""
+        need, free = self.host_buffers * self.num_params * 4, available_memory_bytes()
+        if free is not None and need > free:
+            raise BackendError(
+                f"the model has {self.num_params:,} parameters: the {self.name} backend needs about "
+                f"{need / 2**30:.1f} GiB of memory for them, but {free / 2**30:.1f} GiB is available. "
+                "Choose a smaller model (n_embd, n_layer) or close other programs.")
 
     # what a subclass implements --------------------------------------------
     @abstractmethod

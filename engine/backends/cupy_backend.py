@@ -256,6 +256,7 @@ class CupyBackend(NumpyBackend):
 
     name = "cupy"
     xp = None  # cupy, bound when the backend opens
+    host_buffers = 2  # the state lives on the GPU; the host holds the initial parameters
 
     # device hooks (a subclass running this logic on NumPy overrides these two) --
     def _bind(self) -> None:

@@ -123,10 +123,12 @@ def open_context(target: str):
 
 class FutharkCBackend(FutharkBackend):
     name, target = "futhark-c", "c"
+    host_buffers = 6  # parameters, gradient, moments and the loop's copies live in host memory
 
 
 class FutharkMulticoreBackend(FutharkBackend):
     name, target = "futhark-multicore", "multicore"
+    host_buffers = 6
 
 
 class FutharkCudaBackend(FutharkBackend):

@@ -34,6 +34,7 @@ def usable_cores() -> int:
 class NumpyBackend(Backend):
     name = "numpy"
     xp = np
+    host_buffers = 5  # p, g, m, v, and the initial parameters while they are copied in
 
     def _setup(self, params: np.ndarray) -> None:
         xp, n = self.xp, self.num_params
