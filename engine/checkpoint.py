@@ -115,12 +115,14 @@ def read_checkpoint(path) -> Checkpoint:
                       step, arrays["losses"], str(need("backend")))
 
 
-def load_checkpoint(path, backend: str = "numpy", num_steps: int | None = None):
+def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = None):
     """Open `backend` with the checkpoint's state, ready to resume training.
 
+    checkpoint is a path, or a Checkpoint that read_checkpoint already returned
+    (so a caller that validated the file does not read it twice).
     num_steps, if given, extends (or shortens, not below the current step) the run.
     """
-    ck = read_checkpoint(path)
+    ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
     train = ck.train if num_steps is None else replace(ck.train, num_steps=num_steps)
     if ck.step > train.num_steps:
         raise ValueError(f"num_steps {train.num_steps} is below the checkpoint's step {ck.step}")

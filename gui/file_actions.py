@@ -64,12 +64,12 @@ class FileActions:
             path, _ = QFileDialog.getOpenFileName(self, "Load checkpoint", "", "Checkpoints (*.npz);;All files (*)")
             if not path:
                 return
-        try:  # check it here so a bad file leaves the current run alone
-            engine.read_checkpoint(path)
+        try:  # read it here so a bad file leaves the current run alone
+            checkpoint = engine.read_checkpoint(path)
         except engine.CheckpointError as exc:
             self.show_message("error", "Cannot load this checkpoint", str(exc))
             return
-        self._start_session(w.RunSpec(self.config_panel.backend_name(), checkpoint=str(path), autostart=False))
+        self._start_session(w.RunSpec(self.config_panel.backend_name(), checkpoint=checkpoint, autostart=False))
 
     def export_csv(self, path: str | None = None) -> None:
         losses = self.session.worker.loss_history() if self.session else np.empty(0)

@@ -55,7 +55,7 @@ class RunSpec:
     corpus: engine.Corpus | None = None
     model: engine.ModelConfig | None = None
     train: engine.TrainConfig | None = None
-    checkpoint: str | None = None
+    checkpoint: object | None = None  # an engine checkpoint, already read and checked
     autostart: bool = True
 
 
