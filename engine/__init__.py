@@ -1,15 +1,15 @@
 """microgpt-gui's engine: Qt-free configuration, data, backends and checkpoints."""
-from .backends import (Backend, BackendError, BackendInfo, TrainingDiverged, TrainState,
-                       list_backends, open_backend)
-from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from .backends import Backend, BackendInfo, TrainState, list_backends, load_checkpoint, open_backend
+from .checkpoint import read_checkpoint, save_checkpoint
 from .config import PRESETS, ModelConfig, Preset, TrainConfig, get_preset
-from .data import Corpus, DatasetError, default_dataset_path, load_corpus
+from .data import Corpus, default_dataset_path, load_corpus
+from .errors import BackendError, Cancelled, CheckpointError, DatasetError, TrainingDiverged
 from .params import init_params, num_params, param_specs
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BackendError", "BackendInfo", "CheckpointError", "Corpus", "DatasetError",
+    "Backend", "BackendError", "BackendInfo", "Cancelled", "CheckpointError", "Corpus", "DatasetError",
     "ModelConfig", "PRESETS", "Preset", "TrainConfig", "TrainState", "TrainingDiverged",
     "default_dataset_path", "get_preset", "init_params", "list_backends", "load_checkpoint",
     "load_corpus", "num_params", "open_backend", "param_specs", "read_checkpoint",

@@ -5,21 +5,17 @@ from __future__ import annotations
 import os
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from .backends import TrainState, open_backend
 from .config import ModelConfig, TrainConfig
-from .data import Corpus, DatasetError
+from .data import Corpus
+from .errors import CheckpointError, DatasetError
 
 FORMAT_VERSION = 1
 _ARRAYS = ("params", "m", "v", "losses")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read, with what is wrong with it."""
 
 
 @dataclass
@@ -113,19 +109,3 @@ def read_checkpoint(path) -> Checkpoint:
         raise CheckpointError(f"{path}: step {step} does not match its loss history or num_steps")
     return Checkpoint(model, train, corpus, arrays["params"], arrays["m"], arrays["v"],
                       step, arrays["losses"], str(need("backend")))
-
-
-def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = None):
-    """Open `backend` with the checkpoint's state, ready to resume training.
-
-    checkpoint is a path, or a Checkpoint that read_checkpoint already returned
-    (so a caller that validated the file does not read it twice).
-    num_steps, if given, extends (or shortens, not below the current step) the run.
-    """
-    ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
-    train = ck.train if num_steps is None else replace(ck.train, num_steps=num_steps)
-    if ck.step > train.num_steps:
-        raise ValueError(f"num_steps {train.num_steps} is below the checkpoint's step {ck.step}")
-    opened = open_backend(backend, ck.model, train, ck.corpus, params=ck.params)
-    opened.set_state(TrainState(ck.params, ck.m, ck.v, ck.step), losses=ck.losses)
-    return opened

@@ -18,13 +18,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .errors import DatasetError
+
 DEFAULT_DATASET_URL = "https://raw.githubusercontent.com/karpathy/makemore/988aa59/names.txt"
 DEFAULT_DATASET_SHA256 = "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
 SHUFFLE_SEED = 42  # microgpt: random.seed(42); random.shuffle(docs)
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be used, with a message a person can act on."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from .backends.base import BackendError
+from .errors import BackendError
 from .data import user_cache_dir
 from .futhark_tools import (Compiler, CompilerNotFound, cuda_toolkit_root, device_problem,
                             ffi_problem, find_c_compiler, find_compiler)

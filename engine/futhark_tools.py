@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .backends.base import BackendError
+from .errors import BackendError
 
 INSTALL_HINT = (
     "install it from https://futhark-lang.org/releases/ (or `brew install futhark`, Nix, "

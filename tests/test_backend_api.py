@@ -135,6 +135,33 @@ def test_sample_rejects_bad_arguments(trained, kwargs, word):
         trained.sample(**{"num_samples": 3, "temperature": 0.5, "seed": 0, **kwargs})
 
 
+def test_prefix_samples_start_with_the_prefix_and_fit_block_size(trained, small_model):
+    names = trained.sample(30, 1.0, seed=3, prefix="em")
+    assert all(n.startswith("em") and len(n) <= small_model.block_size for n in names)
+    # the prefix's positions are the model's input: its continuation differs from an empty prefix
+    assert [n[2:] for n in names] != trained.sample(30, 1.0, seed=3)
+
+
+@pytest.mark.parametrize("prefix, word", [("z!", "vocabulary"), ("a" * 8, "block_size"), (3, "prefix")])
+def test_prefix_is_checked(trained, prefix, word):
+    with pytest.raises(ValueError, match=word):
+        trained.sample(3, 0.5, 0, prefix=prefix)
+
+
+def test_sampling_honours_cancel(trained):
+    from engine import Cancelled
+
+    calls = []
+
+    def cancel():
+        calls.append(1)
+        return len(calls) > 2
+
+    with pytest.raises(Cancelled):
+        trained.sample(5, 1.0, 0, cancel=cancel)
+    assert len(calls) == 3
+
+
 def test_sampling_stops_at_bos_or_block_size(small_corpus, small_model, short_train):
     b = open_numpy(small_model, short_train, small_corpus)
     bos, a = small_corpus.bos, small_corpus.encode("a")[0]

@@ -1,12 +1,14 @@
 """Backend registry: what can run here (and why not), and opening one by name."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
-from .base import Backend, BackendError, TrainingDiverged, TrainState
+from ..errors import BackendError, TrainingDiverged
+from .base import Backend, TrainState
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,24 @@ def open_backend(name: str, model: ModelConfig, train: TrainConfig, corpus: Corp
     return opener(model, train, corpus, params)
 
 
+def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = None):
+    """Open `backend` with the checkpoint's state, ready to resume training.
+
+    checkpoint is a path, or a Checkpoint that read_checkpoint already returned
+    (so a caller that validated the file does not read it twice).
+    num_steps, if given, extends (or shortens, not below the current step) the run.
+    """
+    ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
+    train = ck.train if num_steps is None else replace(ck.train, num_steps=num_steps)
+    if ck.step > train.num_steps:
+        raise ValueError(f"num_steps {train.num_steps} is below the checkpoint's step {ck.step}")
+    opened = open_backend(backend, ck.model, train, ck.corpus, params=ck.params)
+    opened.set_state(TrainState(ck.params, ck.m, ck.v, ck.step), losses=ck.losses)
+    return opened
+
+
 __all__ = ["Backend", "BackendError", "BackendInfo", "TrainingDiverged", "TrainState",
-           "list_backends", "open_backend", "register_backend"]
+           "list_backends", "load_checkpoint", "open_backend", "register_backend"]
 
 from .futhark_backend import FUTHARK_BACKENDS  # noqa: E402  (imports nothing heavy)
 

@@ -9,27 +9,15 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
+from ..errors import BackendError, Cancelled, TrainingDiverged
 from ..params import flatten, init_params, param_specs, unflatten
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or inf; the parameters from before that step are kept."""
-
-    def __init__(self, step: int, loss: float):
-        self.step, self.loss = step, loss
-        super().__init__(
-            f"training diverged at step {step + 1}: the loss became {loss}. The parameters "
-            "from before that step are kept; lower the learning rate or init std and retry."
-        )
-
-
-class BackendError(RuntimeError):
-    """A backend failed (compile, device, out of memory); the message says what to do."""
 
 
 @dataclass
@@ -120,8 +108,13 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
-        """Token ids of each sample, without the bos tokens."""
+    def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
+                    cancel: Callable[[], bool] | None) -> list[list[int]]:
+        """Token ids each sample generates after bos + prefix, without bos tokens.
+
+        At most block_size - len(prefix) tokens each. Where the backend can, it
+        calls cancel() between positions and raises Cancelled when it is true.
+        """
 
     @abstractmethod
     def _get_state(self) -> TrainState: ...
@@ -167,16 +160,27 @@ class Backend(ABC):
             raise TrainingDiverged(self._step, float(losses[len(good)]))
         return losses
 
-    def sample(self, num_samples: int = 10, temperature: float = 0.5, seed: int = 0) -> list[str]:
-        """Generate names: start at bos, draw from softmax(logits / temperature)."""
+    def sample(self, num_samples: int = 10, temperature: float = 0.5, seed: int = 0, prefix: str = "",
+               cancel: Callable[[], bool] | None = None) -> list[str]:
+        """Generate names that start with prefix: feed bos + prefix, then draw from
+        softmax(logits / temperature) until bos or block_size tokens.
+
+        cancel, if given, is polled during the call; when it returns True the call
+        raises Cancelled (the training state is never changed by sampling)."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         if not isinstance(temperature, (int, float, np.floating)) or not temperature > 0:
             raise ValueError(f"temperature must be greater than 0, got {temperature!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        ids = self._sample_ids(int(num_samples), float(temperature), int(seed))
-        return [self.corpus.decode(sample) for sample in ids]
+        if not isinstance(prefix, str):
+            raise ValueError(f"prefix must be a string, got {prefix!r}")
+        if len(prefix) >= self.model.block_size:
+            raise ValueError(f"the prefix must be shorter than block_size ({self.model.block_size}), "
+                             f"got {len(prefix)} characters")
+        prefix_ids = self.corpus.encode(prefix)
+        ids = self._sample_ids(int(num_samples), float(temperature), int(seed), prefix_ids, cancel)
+        return [prefix + self.corpus.decode(sample) for sample in ids]
 
     def get_params(self) -> dict[str, np.ndarray]:
         return unflatten(self._get_state().params, self.specs)
@@ -207,8 +211,6 @@ class Backend(ABC):
             self._losses[: min(len(losses), self._step)] = losses[: self._step]
 
     def save(self, path) -> None:
-        from ..checkpoint import save_checkpoint
-
         save_checkpoint(path, self)
 
     def __repr__(self) -> str:

@@ -24,7 +24,8 @@ import os
 import numpy as np
 
 from ..model import adam_scales, loss_and_grad
-from .base import BackendError, losses_until_divergence
+from ..errors import BackendError
+from .base import losses_until_divergence
 from .numpy_backend import NumpyBackend
 
 INSTALL_HINT = "pip install 'microgpt-gui[cuda]'"
@@ -346,10 +347,11 @@ class CupyBackend(NumpyBackend):
             f"training step {self._step + 1}",
             f" Training stopped after step {self._step}; the parameters from then are kept."))
 
-    def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
+    def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
+                    cancel=None) -> list[list[int]]:
         self._check_open()
         try:
-            return super()._sample_ids(num_samples, temperature, seed)
+            return super()._sample_ids(num_samples, temperature, seed, prefix, cancel)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise

@@ -15,7 +15,8 @@ from .. import futhark_build
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..params import LAYER_PARAMS, ParamSpec
-from .base import Backend, BackendError, TrainState, losses_until_divergence, sample_rows_to_ids
+from ..errors import BackendError
+from .base import Backend, TrainState, losses_until_divergence, sample_rows_to_ids
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -86,7 +87,10 @@ class FutharkBackend(Backend):
         self._state = state
         return losses_until_divergence(losses)
 
-    def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
+    def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
+                    cancel=None) -> list[list[int]]:
+        if prefix:  # TODO(kernel): the kernel's sample entry takes no prefix yet
+            raise BackendError(f"{self.name} cannot sample from a prefix yet")
         rows = self._values(self._call("sample", self._state, num_samples, temperature, seed % 2**63))
         return sample_rows_to_ids(rows, self.corpus.bos)
 

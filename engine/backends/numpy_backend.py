@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..model import ADAM_BLOCK, Weights, adam_update, loss_and_grad, next_token_logits
+from ..errors import Cancelled
 from .base import Backend, TrainState, sample_rows_to_ids
 
 # Adam is memory-bound and NumPy's element-wise operations use one core; on
@@ -102,12 +103,16 @@ class NumpyBackend(Backend):
             self._adam(step)
         return self._to_host(losses)
 
-    def _sample_ids(self, num_samples: int, temperature: float, seed: int) -> list[list[int]]:
+    def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
+                    cancel=None) -> list[list[int]]:
         xp, bos = self.xp, self.corpus.bos
         rng = np.random.default_rng(seed)
-        tokens = np.full((num_samples, 1), bos, dtype=np.int64)
+        start = np.array([bos, *prefix], dtype=np.int64)
+        tokens = np.tile(start, (num_samples, 1))
         done = np.zeros(num_samples, dtype=bool)
-        for _ in range(self.model.block_size):
+        for _ in range(self.model.block_size - len(prefix)):
+            if cancel is not None and cancel():
+                raise Cancelled("sampling was cancelled")
             logits = self._to_host(next_token_logits(self.w, xp.asarray(tokens), self.model, xp))
             nxt = draw(logits.astype(np.float64) / temperature, rng)
             nxt[done] = bos
@@ -115,7 +120,7 @@ class NumpyBackend(Backend):
             tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
             if done.all():
                 break
-        return sample_rows_to_ids(tokens[:, 1:], bos)
+        return sample_rows_to_ids(tokens[:, len(start):], bos)
 
     def _get_state(self) -> TrainState:
         return TrainState(self._to_host(self.p), self._to_host(self.m), self._to_host(self.v), self._step)
