@@ -3,6 +3,7 @@ from .backends import Backend, BackendInfo, TrainState, list_backends, load_chec
 from .checkpoint import read_checkpoint, save_checkpoint
 from .config import PRESETS, ModelConfig, Preset, TrainConfig, get_preset
 from .data import Corpus, default_dataset_path, load_corpus
+from .health import loss_warning
 from .errors import BackendError, Cancelled, CheckpointError, DatasetError, TrainingDiverged
 from .params import init_params, num_params, param_specs
 
@@ -12,6 +13,6 @@ __all__ = [
     "Backend", "BackendError", "BackendInfo", "Cancelled", "CheckpointError", "Corpus", "DatasetError",
     "ModelConfig", "PRESETS", "Preset", "TrainConfig", "TrainState", "TrainingDiverged",
     "default_dataset_path", "get_preset", "init_params", "list_backends", "load_checkpoint",
-    "load_corpus", "num_params", "open_backend", "param_specs", "read_checkpoint",
+    "load_corpus", "loss_warning", "num_params", "open_backend", "param_specs", "read_checkpoint",
     "save_checkpoint",
 ]
