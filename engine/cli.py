@@ -217,8 +217,8 @@ def build_parser() -> OneLineParser:
         "bench", help="measure ms/step, sampling time and memory per backend and preset",
         description="Each (backend, preset) runs in a fresh process: start-up and warm-up (not timed), "
                     "then training steps timed for at least --steps steps and at least --seconds seconds, "
-                    "whichever takes longer, then one timed sample call; a row takes a few seconds more "
-                    "than that.")
+                    "whichever takes longer, then one timed sample call. Start-up, warm-up and "
+                    "sampling add to a row's time: under a second at tiny, tens of seconds at gpt2-small.")
     bench_cmd.add_argument("--backends", type=name_list, help="comma-separated (default: every backend, and torch)")
     bench_cmd.add_argument("--presets", type=preset_list, default=["tiny", "s128", "gpt2-small"],
                            help="comma-separated (default tiny,s128,gpt2-small)")
