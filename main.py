@@ -1,8 +1,11 @@
 """Entry point of `microgpt-gui`: the window, or a headless subcommand.
 
-    microgpt-gui [--data FILE]        open the window
+    microgpt-gui [--data FILE] [...]  open the window
     microgpt-gui demo [...]           train and sample in the terminal
     microgpt-gui bench [...]          measure the backends
+
+The window's options are parsed and checked (engine.cli.window_args) before
+Qt is imported, so --help, --version and every error need no display and no Qt.
 """
 from __future__ import annotations
 
@@ -11,13 +14,20 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("demo", "bench"):
-        from engine.cli import run_cli
+    from engine import cli
 
-        return run_cli(argv)
-    from gui.app import run_gui
-
-    return run_gui(argv)
+    if argv and argv[0] in cli.COMMANDS:
+        return cli.run_cli(argv)
+    args, status = cli.window_args(argv)
+    if args is None:
+        return status
+    try:
+        from gui.app import run_gui
+    except ImportError as exc:  # Qt's system libraries missing, e.g. "libEGL.so.1: cannot open ..."
+        print(f"error: Qt cannot load: {exc} (on Debian/Ubuntu, install the system packages "
+              "the README's Set up section lists)", file=sys.stderr)
+        return cli.EXIT_ERROR
+    return run_gui(args)
 
 
 if __name__ == "__main__":

@@ -1,52 +1,82 @@
-"""The benchmark behind `microgpt-gui bench`: ms/step, steps/s and peak memory
-per (backend, preset).
+"""The benchmark behind `microgpt-gui bench`: ms/step (median, min, max),
+steps/s, sampling time and peak memory per (backend, preset).
 
 Each configuration runs in a fresh Python process (`python -m engine.bench
-BACKEND PRESET ...`), so its peak RSS is its own and not the largest seen so
-far. Timing: after warm-up, the measured steps run in up to ten chunks of
-`backend.train(k)` (the call the window makes); the result is the median of
-the chunks' ms/step, which shrugs off a neighbour stealing the CPU for a
-moment. `torch` is PyTorch's CPU build doing the same step the usual way
-(engine.torch_reference), measured when PyTorch is importable.
+SPEC`), so its peak RSS is its own and not the largest seen so far; a
+Measurement is that process, which a caller can poll and cancel (the CLI
+waits on it; a window can poll it from a timer). Timing: after warm-up, the
+steps run as chunked `backend.train(k)` calls (the call the window makes)
+until both at least `steps` steps and at least `seconds` seconds are done,
+in about ten chunks; the figure is the median of the chunks' ms/step, with
+the fastest and slowest chunk beside it. The 1-minute load average is read
+before and after: above the core count, other work shared the CPU and the
+row says the machine was busy. `torch` is PyTorch's CPU build doing the same
+step the usual way (engine.torch_reference), measured when PyTorch is
+importable.
 """
 from __future__ import annotations
 
-import datetime
 import json
+import math
 import os
-import platform
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from .backends import list_backends, open_backend
 from .config import get_preset
 from .data import Corpus
+from .errors import Cancelled
 
 TORCH = "torch"
-AUTO_WARMUP_S = 0.3  # warm-up length when not given: at least this long (and 3 steps)
-AUTO_MEASURE_S = 2.0  # measured length when not given (and at least MIN_AUTO_STEPS)
-MIN_AUTO_STEPS = 20
-MAX_CHUNKS = 10
+WARMUP_S = 0.3  # warm-up when its steps are not given: at least this long, and 3 steps
+MEASURE_S = 2.0  # measure at least this long...
+MEASURE_STEPS = 20  # ...and at least this many steps, whichever takes longer
+SAMPLE_NAMES = 10  # names drawn in the timed sample() call
+CHUNKS = 10  # the measured steps run in about this many train(k) calls
+POLL_S = 0.05  # how often Measurement.wait looks at the child and the cancel hook
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much of one configuration to measure."""
+
+    steps: int = MEASURE_STEPS  # at least this many measured steps
+    seconds: float = MEASURE_S  # and at least this many measured seconds (0: steps only)
+    warmup: int | None = None  # warm-up steps; None: at least 3 and WARMUP_S seconds
+    sample_names: int = SAMPLE_NAMES  # names in the timed backend.sample() call; 0: none
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.seconds < 0 or (self.warmup or 0) < 0 or self.sample_names < 0:
+            raise ValueError(f"a bench budget needs steps >= 1 and no negative values, got {self}")
 
 
 @dataclass
 class BenchResult:
     backend: str
     preset: str
-    status: str  # "ok", "skipped" or "error"
+    status: str  # "ok", "skipped", "error" or "cancelled"
     reason: str = ""
     params: int = 0
-    ms_per_step: float = 0.0
+    ms_per_step: float = 0.0  # median of the chunks
+    ms_min: float = 0.0  # fastest chunk
+    ms_max: float = 0.0  # slowest chunk
     steps_per_s: float = 0.0
     peak_rss_mb: float = 0.0
-    steps: int = 0
+    steps: int = 0  # measured steps
+    seconds: float = 0.0  # measured time (warm-up and sampling excluded)
+    chunks: int = 0
     warmup: int = 0
+    sample_names: int = 0
+    sample_ms: float | None = None  # one sample(sample_names) call after the steps; None: not measured
+    load_avg: float | None = None  # 1-minute load average, the higher of before and after
+    cores: int = 0
+    busy: bool = False  # load_avg above cores: other work shared the CPU
     runs_ms: list[float] = field(default_factory=list)  # every round's ms/step
 
 
@@ -60,17 +90,18 @@ def torch_status() -> tuple[bool, str]:
     return True, f"PyTorch {torch.__version__} on the CPU, {torch.get_num_threads()} threads"
 
 
-def availability(names: list[str]) -> dict[str, tuple[bool, str]]:
-    """name -> (available, reason) for engine backends and the torch reference."""
+def availability(names: list[str], with_torch: bool = True) -> dict[str, tuple[bool, str]]:
+    """name -> (available, reason) for engine backends (and the torch reference
+    when with_torch); ValueError for a name that is neither."""
     infos = {info.name: (info.available, info.reason) for info in list_backends()}
     out = {}
     for name in names:
-        if name == TORCH:
+        if name == TORCH and with_torch:
             out[name] = torch_status()
         elif name in infos:
             out[name] = infos[name]
         else:
-            known = ", ".join([*infos, TORCH])
+            known = ", ".join([*infos, TORCH] if with_torch else infos)
             raise ValueError(f"unknown backend {name!r}; choose from {known}")
     return out
 
@@ -101,6 +132,14 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none, e.g. Windows)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def _open(backend: str, preset, corpus: Corpus):
     if backend == TORCH:
         from .torch_reference import TorchReference
@@ -109,41 +148,70 @@ def _open(backend: str, preset, corpus: Corpus):
     return open_backend(backend, preset.model, preset.train, corpus)
 
 
-def _chunks(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (i < extra) for i in range(parts)]
+def _warm_up(runner, warmup: int | None) -> tuple[int, float | None]:
+    """Run the warm-up one step per call; (steps run, seconds per step or None)."""
+    least = 3 if warmup is None else warmup
+    start, done = time.perf_counter(), 0
+    while done < least or (warmup is None and time.perf_counter() - start < WARMUP_S):
+        runner.train(1)
+        done += 1
+    return done, (time.perf_counter() - start) / done if done else None
 
 
-def measure(backend: str, preset_name: str, corpus: Corpus, steps: int | None = None,
-            warmup: int | None = None) -> BenchResult:
-    """Time `steps` training steps after `warmup` steps (automatic lengths when None)."""
-    # num_steps only sets the learning-rate decay; keep it well past the steps run here
-    preset = get_preset(preset_name).with_steps(100_000 + (warmup or 0) + (steps or 0))
+def _timed_chunks(runner, budget: Budget, pace: float | None) -> list[tuple[int, float]]:
+    """(steps, seconds) of each train(k) call until at least budget.steps steps and
+    budget.seconds seconds are done. k aims at about CHUNKS calls in all, from the
+    pace so far; once the time is met, the last call stops at budget.steps."""
+    chunks, done, elapsed = [], 0, 0.0
+    while done < budget.steps or elapsed < budget.seconds:
+        k = math.ceil(budget.steps / CHUNKS)
+        if pace:
+            k = max(k, math.ceil(budget.seconds / pace / CHUNKS))
+        if elapsed >= budget.seconds:
+            k = min(k, budget.steps - done)
+        start = time.perf_counter()
+        ran = len(runner.train(k))
+        seconds = time.perf_counter() - start
+        if ran == 0:  # the run's step horizon is reached (see measure): nothing more to time
+            break
+        chunks.append((ran, seconds))
+        done, elapsed = done + ran, elapsed + seconds
+        pace = elapsed / done
+    return chunks
+
+
+def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Budget()) -> BenchResult:
+    """Time one configuration in this process (see the module's docstring)."""
+    cores, load_before = os.cpu_count() or 1, load_average()
+    # num_steps only sets the learning-rate decay (and the loss history's length):
+    # far enough for the steps the budget may run even at 50,000 steps/s
+    horizon = 100_000 + budget.steps + (budget.warmup or 0) + int(budget.seconds * 50_000)
+    preset = get_preset(preset_name).with_steps(horizon)
     runner = _open(backend, preset, corpus)
     try:
-        least = 3 if warmup is None else max(warmup, 1 if steps is None else 0)  # 1 to pace auto steps
-        start, done = time.perf_counter(), 0
-        while done < least or (warmup is None and time.perf_counter() - start < AUTO_WARMUP_S):
-            runner.train(1)
-            done += 1
-        warmup = done
-        if steps is None:  # enough steps for about AUTO_MEASURE_S, from the warm-up's pace
-            per_step = (time.perf_counter() - start) / max(done, 1)
-            steps = int(min(max(AUTO_MEASURE_S / per_step, MIN_AUTO_STEPS), 50_000))
-        times = []
-        for k in _chunks(steps, min(MAX_CHUNKS, steps)):
-            t0 = time.perf_counter()
-            runner.train(k)
-            times.append((time.perf_counter() - t0) / k)
-        ms = 1e3 * statistics.median(times)
+        warmup, pace = _warm_up(runner, budget.warmup)
+        chunks = _timed_chunks(runner, budget, pace)
+        sample_ms = None
+        if budget.sample_names and hasattr(runner, "sample"):
+            start = time.perf_counter()
+            runner.sample(budget.sample_names, temperature=0.5, seed=0)
+            sample_ms = 1e3 * (time.perf_counter() - start)
+        per_step = [1e3 * seconds / steps for steps, seconds in chunks]
+        ms = statistics.median(per_step)
+        loads = [x for x in (load_before, load_average()) if x is not None]
+        load = max(loads) if loads else None
         return BenchResult(backend, preset_name, "ok", params=int(runner.num_params),
-                           ms_per_step=ms, steps_per_s=1e3 / ms, peak_rss_mb=peak_rss_mb(),
-                           steps=steps, warmup=warmup)
+                           ms_per_step=ms, ms_min=min(per_step), ms_max=max(per_step),
+                           steps_per_s=1e3 / ms, peak_rss_mb=peak_rss_mb(),
+                           steps=sum(s for s, _ in chunks), seconds=sum(t for _, t in chunks),
+                           chunks=len(chunks), warmup=warmup, sample_names=budget.sample_names,
+                           sample_ms=sample_ms, load_avg=load, cores=cores,
+                           busy=load is not None and load > cores)
     finally:
         runner.close()
 
 
-# every configuration, each in its own process -------------------------------
+# one configuration in its own process ---------------------------------------
 
 def _worker_env() -> dict[str, str]:
     """The child imports this very engine package, installed or not."""
@@ -153,21 +221,95 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(backend: str, preset: str, data: Path, steps: int | None,
-                 warmup: int | None) -> BenchResult:
-    cmd = [sys.executable, "-m", "engine.bench", backend, preset, str(data),
-           str(steps or 0), str(-1 if warmup is None else warmup)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_worker_env())
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode == 0 and lines:
-        return BenchResult(**json.loads(lines[-1]))
-    err = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return BenchResult(backend, preset, "error", reason=err)
+class Measurement:
+    """One (backend, preset) being measured in a child process, started at once.
+
+    poll() returns None while it runs, then its BenchResult; wait(cancel)
+    blocks until then, polling `cancel` every POLL_S seconds; cancel() kills
+    the child, and on POSIX everything it started (a Futhark compile), at
+    once. Used as a context manager, leaving the block cancels a measurement
+    still running, so an exception or Ctrl+C never leaves a child behind.
+    """
+
+    def __init__(self, backend: str, preset: str, data: Path, budget: Budget = Budget()):
+        self.backend, self.preset = backend, preset
+        spec = {"backend": backend, "preset": preset, "data": str(data), **asdict(budget)}
+        # files, not pipes: a child writing a long error never blocks on a full pipe
+        self._out = tempfile.TemporaryFile("w+", encoding="utf-8")
+        self._err = tempfile.TemporaryFile("w+", encoding="utf-8")
+        self._result: BenchResult | None = None
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.bench", json.dumps(spec)], stdin=subprocess.DEVNULL,
+            stdout=self._out, stderr=self._err, env=_worker_env(), start_new_session=os.name == "posix")
+
+    def poll(self) -> BenchResult | None:
+        if self._result is None and self._proc.poll() is not None:
+            self._result = self._read()
+        return self._result
+
+    def wait(self, cancel=None) -> BenchResult:
+        """The result, once the child ends. cancel, a zero-argument callable, is
+        polled while it runs: when it returns True the child is killed and
+        Cancelled is raised."""
+        while self.poll() is None:
+            if cancel is not None and cancel():
+                self.cancel()
+                raise Cancelled(f"measuring {self.backend} at {self.preset} was cancelled")
+            try:
+                self._proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+        return self._result
+
+    def cancel(self) -> None:
+        """Kill the child if it still runs; the result is then a "cancelled" row."""
+        if self._proc.poll() is None:
+            try:
+                if os.name == "posix":
+                    os.killpg(self._proc.pid, signal.SIGKILL)  # its own group (start_new_session)
+                else:
+                    self._proc.kill()
+            except ProcessLookupError:  # it ended just now
+                pass
+            self._proc.wait()
+            if self._result is None:
+                self._result = BenchResult(self.backend, self.preset, "cancelled", reason="cancelled")
+        self.poll()
+
+    def __enter__(self) -> "Measurement":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+        self._out.close()
+        self._err.close()
+
+    def _read(self) -> BenchResult:
+        self._out.seek(0)
+        self._err.seek(0)
+        lines = self._out.read().strip().splitlines()
+        if self._proc.returncode == 0 and lines:
+            return BenchResult(**json.loads(lines[-1]))
+        code = self._proc.returncode
+        status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        err = (self._err.read().strip().splitlines() or [status])[-1]
+        return BenchResult(self.backend, self.preset, "error", reason=err)
 
 
-def run_bench(backends: list[str], presets: list[str], data: Path, steps: int | None = None,
-              warmup: int | None = None, rounds: int = 1, report=print) -> list[BenchResult]:
-    """Measure every (backend, preset); report(line) is called as rows come in.
+def run_isolated(backend: str, preset: str, data: Path, budget: Budget = Budget(),
+                 cancel=None) -> BenchResult:
+    """Measure one configuration in a fresh process and wait for its row;
+    cancel (optional, polled every POLL_S s) ends it: Cancelled is raised."""
+    with Measurement(backend, preset, data, budget) as measurement:
+        return measurement.wait(cancel)
+
+
+# every configuration --------------------------------------------------------
+
+def run_bench(backends: list[str], presets: list[str], data: Path, budget: Budget = Budget(),
+              rounds: int = 1, on_row=lambda row: None) -> list[BenchResult]:
+    """Measure every (backend, preset); on_row(BenchResult) is called as rows come in
+    (first a "skipped" row for each backend that cannot run here).
 
     Backends take turns on each preset, `rounds` times, so a neighbour's load
     falls on all of them alike; a row is the run with the median ms/step,
@@ -176,101 +318,42 @@ def run_bench(backends: list[str], presets: list[str], data: Path, steps: int | 
     for name in presets:
         get_preset(name)  # unknown names fail before anything runs
     status = availability(backends)
-    report(table_header())
-    results = []
-    for backend in backends:
-        available, reason = status[backend]
-        if not available:
-            results.append(BenchResult(backend, "-", "skipped", reason=reason))
-            report(table_row(results[-1]))
+    results = [BenchResult(b, "-", "skipped", reason=status[b][1]) for b in backends if not status[b][0]]
+    for row in results:
+        on_row(row)
     runnable = [b for b in backends if status[b][0]]
     for preset in presets:
         runs: dict[str, list[BenchResult]] = {backend: [] for backend in runnable}
         for _ in range(rounds):
             for backend in runnable:
-                runs[backend].append(run_isolated(backend, preset, data, steps, warmup))
+                runs[backend].append(run_isolated(backend, preset, data, budget))
         for backend in runnable:
             results.append(median_run(runs[backend]))
-            report(table_row(results[-1]))
+            on_row(results[-1])
     return results
 
 
 def median_run(runs: list[BenchResult]) -> BenchResult:
+    """The run with the median ms/step, with the largest peak memory and load of all."""
     ok = sorted((r for r in runs if r.status == "ok"), key=lambda r: r.ms_per_step)
     if not ok:
         return runs[-1]
-    row = replace(ok[(len(ok) - 1) // 2], peak_rss_mb=max(r.peak_rss_mb for r in ok))
+    loads = [r.load_avg for r in ok if r.load_avg is not None]
+    row = replace(ok[(len(ok) - 1) // 2], peak_rss_mb=max(r.peak_rss_mb for r in ok),
+                  load_avg=max(loads) if loads else None, busy=any(r.busy for r in ok))
     row.runs_ms = [round(r.ms_per_step, 4) for r in runs if r.status == "ok"]
     return row
 
 
-# output --------------------------------------------------------------------
-
-_COLUMNS = "{:<17} {:<11} {:>12} {:>10} {:>10} {:>9} {:>7}"  # 17: futhark-multicore
-
-
-def table_header() -> str:
-    return _COLUMNS.format("backend", "preset", "params", "ms/step", "steps/s", "peak MB", "steps")
-
-
-def table_row(r: BenchResult) -> str:
-    if r.status != "ok":
-        return f"{r.backend:<17} {r.preset:<11} {r.status}: {r.reason}"
-    return _COLUMNS.format(r.backend, r.preset, f"{r.params:,}", f"{r.ms_per_step:.3f}",
-                           f"{r.steps_per_s:.1f}", f"{r.peak_rss_mb:.0f}", r.steps)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def numpy_blas() -> str:
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{blas['name']} {blas.get('version', '')}".strip()
-    except Exception:  # older NumPy, or a build that does not say
-        return "unknown"
-
-
-def machine_info(with_torch: bool = True) -> dict:
-    """Where the numbers come from (importing PyTorch takes seconds: only when asked)."""
-    info = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "numpy_blas": numpy_blas(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")},
-    }
-    if with_torch:
-        available, _ = torch_status()
-        if available:
-            import torch
-
-            info["torch"] = torch.__version__
-            info["torch_threads"] = torch.get_num_threads()
-    return info
-
-
-def write_json(path: Path, results: list[BenchResult], command: list[str], machine: dict) -> None:
-    doc = {"command": command, "machine": machine, "results": [asdict(r) for r in results]}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-
+# the child process ---------------------------------------------------------
 
 def _worker(argv: list[str]) -> int:
-    """Child process: measure one configuration, print its result as one JSON line."""
-    backend, preset, data, steps, warmup = argv
+    """Child process: measure the configuration in argv[0] (JSON, as Measurement
+    writes it); print its result as one JSON line."""
+    spec = json.loads(argv[0])
+    backend, preset, data = spec.pop("backend"), spec.pop("preset"), spec.pop("data")
     try:
-        result = measure(backend, preset, Corpus.from_file(data), int(steps) or None,
-                         None if int(warmup) < 0 else int(warmup))
+        result = measure(backend, preset, Corpus.from_file(data), Budget(**spec))
     except Exception as exc:  # reported as this row's error, not a traceback
         result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
     print(json.dumps(asdict(result)))

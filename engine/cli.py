@@ -1,13 +1,18 @@
-"""`microgpt-gui demo` and `microgpt-gui bench`: the headless commands.
+"""The command line: the window's options, `microgpt-gui demo` and `microgpt-gui bench`.
 
-Argument parsing and printing only; the work is the engine's (backends,
-data) and engine.bench's. Every error a person can fix is one line on
-stderr and a non-zero exit status, never a traceback.
+Parsing, checking and printing only; the work is the engine's (backends,
+data) and engine.bench's, and the window is gui.app's (main.py hands it the
+checked options, so nothing here imports Qt). Every error a person can fix
+is one line on stderr and a non-zero exit status: 2 for bad arguments or
+data, 1 for what cannot run here or failed; never a usage dump or a traceback.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
+import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -15,19 +20,52 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
+from .health import loss_warning
 
-EXIT_ERROR = 1  # training or backend failed
+EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
+COMMANDS = ("demo", "bench")
+NO_DISPLAY = "no display: run it on a desktop, or use `microgpt-gui demo` / `bench` headless"
 
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("microgpt-gui")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        from . import __version__
+
+        return __version__
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, `error: --steps must be at least 1, got 0`,
+    with status 2 (argparse prints the usage first)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {one_line(message)}\n")
+
+
+def one_line(message: str) -> str:
+    """argparse's "argument -s/--steps: must be ..." as "--steps must be ..."."""
+    match = re.fullmatch(r"argument (\S+): (.*)", message, re.DOTALL)
+    if match:
+        name, detail = match.groups()
+        name = name.split("/")[-1]
+        message = f"{name} {detail}" if detail.startswith("must ") else f"{name}: {detail}"
+    return " ".join(message.split())
+
+
+# argument types: their messages follow the option's name ("--steps must be ...")
 
 def whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
     if value < least:
         raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
@@ -41,55 +79,168 @@ def non_negative_int(text: str) -> int:
     return whole_number(text, 0)
 
 
-def positive_float(text: str) -> float:
+def number(text: str, positive: bool) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise argparse.ArgumentTypeError(f"must be a {'positive' if positive else 'non-negative'} "
+                                         f"number, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return number(text, positive=True)
+
+
+def non_negative_float(text: str) -> float:
+    return number(text, positive=False)
 
 
 def name_list(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of names")
+        raise argparse.ArgumentTypeError("must be a comma-separated list of names")
     return names
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="microgpt-gui", description="Train and sample microgpt.")
+def preset_name(text: str) -> str:
+    try:
+        get_preset(text)
+    except ValueError as exc:  # "unknown preset 'x'; choose from ..."
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def preset_list(text: str) -> list[str]:
+    return [preset_name(name) for name in name_list(text)]
+
+
+# the window's options --------------------------------------------------------
+
+HEADLESS_HELP = """\
+without a window:
+  microgpt-gui demo   train, then print samples in the terminal (microgpt-gui demo --help)
+  microgpt-gui bench  measure ms/step, sampling and memory per backend and preset
+                      (microgpt-gui bench --help)
+
+Exit status: 0 done; 1 cannot run here (no display, a backend that cannot
+run) or, with --quit-when-done, the run failed; 2 bad arguments."""
+
+
+def window_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="microgpt-gui", usage="%(prog)s [options]\n       %(prog)s demo [...]\n       %(prog)s bench [...]",
+        description="Train and sample microgpt in a window.", epilog=HEADLESS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
+                        "(default: the last one used, else makemore's names.txt, downloaded once)")
+    parser.add_argument("--preset", type=preset_name, help=f"model preset to select at start ({', '.join(PRESETS)})")
+    parser.add_argument("--backend", help="backend to select at start (default: the last one used)")
+    parser.add_argument("--autorun-steps", type=positive_int, metavar="N",
+                        help="start training N steps as soon as the dataset is ready (automation, demos)")
+    parser.add_argument("--quit-when-done", action="store_true",
+                        help="with --autorun-steps: quit when the run ends (exit status 1 on an error)")
+    return parser
+
+
+def has_display(environ=None, platform: str | None = None) -> bool:
+    """False where Qt would abort for want of a display (it exits with a misleading
+    message about xcb libraries): Linux or BSD with neither DISPLAY nor
+    WAYLAND_DISPLAY, and QT_QPA_PLATFORM unset or naming only xcb/wayland."""
+    environ = os.environ if environ is None else environ
+    platform = sys.platform if platform is None else platform
+    if platform in ("darwin", "win32", "cygwin") or environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
+        return True
+    # "offscreen", "vnc:size=800x600", "wayland;xcb": plugin names before ":", tried in turn
+    requested = [name.split(":")[0].strip() for name in environ.get("QT_QPA_PLATFORM", "").split(";")]
+    return any(name and not name.startswith(("xcb", "wayland")) for name in requested)
+
+
+def window_args(argv: list[str], environ=None) -> tuple[argparse.Namespace | None, int]:
+    """The window's options, checked before Qt starts: (args, 0) to open the
+    window, or (None, exit status) once help, the version or the one-line
+    reason it cannot open has been printed."""
+    parser = window_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.quit_when_done and not args.autorun_steps:
+            parser.error("--quit-when-done needs --autorun-steps N")
+    except SystemExit as exc:  # help, version, or a one-line error
+        return None, int(exc.code or 0)
+    try:
+        if args.backend:
+            check_backend(args.backend)
+    except ValueError as exc:
+        return None, fail(exc, EXIT_USAGE)
+    except BackendError as exc:
+        return None, fail(exc, EXIT_ERROR)
+    if not has_display(environ):
+        print(f"error: {NO_DISPLAY}", file=sys.stderr)
+        return None, EXIT_ERROR
+    return args, 0
+
+
+def check_backend(name: str) -> None:
+    """ValueError for a name that is no backend, BackendError for one that cannot run here."""
+    available, reason = bench.availability([name], with_torch=False)[name]
+    if not available:
+        raise BackendError(cannot_run(name, reason))
+
+
+def cannot_run(backend: str, reason: str) -> str:
+    return f"backend {backend} cannot run here: {reason}"
+
+
+# demo and bench ---------------------------------------------------------------
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="microgpt-gui", description="Train and sample microgpt without a window.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="train, then print samples (no window)")
     demo.add_argument("--backend", default="numpy", help="engine backend (default numpy)")
-    demo.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model size (default tiny)")
+    demo.add_argument("--preset", type=preset_name, default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
     demo.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
     demo.add_argument("--samples", type=positive_int, default=10, help="names to sample (default 10)")
     demo.add_argument("--temperature", type=positive_float, default=0.5, help="sampling temperature (default 0.5)")
+    demo.add_argument("--prefix", default="", help="sampled names start with this text (default: none)")
     demo.add_argument("--data", type=Path, help="text file, one document per line (default: makemore's names.txt)")
     demo.add_argument("--seed", type=non_negative_int, help="seed for initialisation and sampling (default: the preset's, 42)")
     demo.add_argument("--lr", type=positive_float, help="learning rate (default: the preset's)")
     demo.add_argument("--init-std", type=positive_float, help="initial weight std (default: the preset's)")
 
-    bench = commands.add_parser("bench", help="measure ms/step and memory per backend and preset")
-    bench.add_argument("--backends", type=name_list, help="comma-separated (default: every backend, and torch)")
-    bench.add_argument("--presets", type=name_list, default=["tiny", "s128", "gpt2-small"],
-                       help="comma-separated (default tiny,s128,gpt2-small)")
-    bench.add_argument("--steps", type=positive_int, help="measured steps (default: about 2 s worth)")
-    bench.add_argument("--warmup", type=non_negative_int, help="warm-up steps (default: about 0.3 s worth)")
-    bench.add_argument("--rounds", type=positive_int, default=1,
-                       help="measure each configuration this many times, taking turns; report the median run (default 1)")
-    bench.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    bench.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
+    default = bench.Budget()
+    bench_cmd = commands.add_parser(
+        "bench", help="measure ms/step, sampling time and memory per backend and preset",
+        description="Each (backend, preset) runs in a fresh process: start-up and warm-up (not timed), "
+                    "then training steps timed for at least --steps steps and at least --seconds seconds, "
+                    "whichever takes longer, then one timed sample call. Start-up, warm-up and "
+                    "sampling add to a row's time: under a second at tiny, tens of seconds at gpt2-small.")
+    bench_cmd.add_argument("--backends", type=name_list, help="comma-separated (default: every backend, and torch)")
+    bench_cmd.add_argument("--presets", type=preset_list, default=["tiny", "s128", "gpt2-small"],
+                           help="comma-separated (default tiny,s128,gpt2-small)")
+    bench_cmd.add_argument("--steps", type=positive_int, default=default.steps,
+                           help=f"measure at least this many steps (default {default.steps})")
+    bench_cmd.add_argument("--seconds", type=non_negative_float, default=default.seconds,
+                           help=f"...and at least this many seconds (default {default.seconds:g}; 0: steps only)")
+    bench_cmd.add_argument("--warmup", type=non_negative_int,
+                           help=f"warm-up steps (default: at least 3 and {bench.WARMUP_S:g} s)")
+    bench_cmd.add_argument("--sample-names", type=non_negative_int, default=default.sample_names, metavar="N",
+                           help=f"time one sample call of N names after the steps (default {default.sample_names}; 0: none)")
+    bench_cmd.add_argument("--rounds", type=positive_int, default=1,
+                           help="measure each configuration this many times, taking turns; report the median run (default 1)")
+    bench_cmd.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    bench_cmd.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
     return parser
 
 
 def run_cli(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse has printed usage and the error
+    except SystemExit as exc:  # help, or a one-line error
         return int(exc.code or 0)
     try:
         return run_demo(args) if args.command == "demo" else run_benchmark(args, argv)
@@ -132,13 +283,25 @@ def load_data(path: Path | None):
 
 # demo ----------------------------------------------------------------------
 
+def check_prefix(prefix: str, corpus, block_size: int) -> None:
+    """The checks Backend.sample makes, before training instead of after it."""
+    try:
+        corpus.encode(prefix)
+    except ValueError as exc:  # "character 'Z' is not in the vocabulary"
+        raise ValueError(f"--prefix {prefix!r}: {exc} of this dataset") from None
+    if len(prefix) >= block_size:
+        raise ValueError(f"--prefix must be shorter than block_size ({block_size}), got {len(prefix)} characters")
+
+
 def run_demo(args) -> int:
+    check_backend(args.backend)  # before the dataset: a wrong name fails at once
     preset = get_preset(args.preset).with_steps(args.steps)
     overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
                                    ("seed", args.seed)) if v is not None}
     train = replace(preset.train, **overrides)
     corpus = load_data(args.data)
     model = preset.model
+    check_prefix(args.prefix, corpus, model.block_size)
     print(f"num docs: {len(corpus)}")
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
@@ -150,17 +313,22 @@ def run_demo(args) -> int:
               f"backend {args.backend}, lr {train.learning_rate:g}, init_std {train.init_std:g}, seed {train.seed}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
         chunk = max(1, args.steps // 10)
+        warned = False
         start = time.perf_counter()
         while not backend.finished:
             losses = backend.train(chunk)
-            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}")
+            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}", flush=True)
+            if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
+                print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
+                warned = True
         elapsed = time.perf_counter() - start
         history = backend.loss_history
         tail = history[-min(50, len(history)):]
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
               f"{1e3 * elapsed / args.steps:.3f} ms/step)")
         print("--- samples ---")
-        for i, name in enumerate(backend.sample(args.samples, args.temperature, train.seed), start=1):
+        names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix)
+        for i, name in enumerate(names, start=1):
             print(f"sample {i:2d}: {name}")
     finally:
         backend.close()
@@ -170,22 +338,27 @@ def run_demo(args) -> int:
 # bench ---------------------------------------------------------------------
 
 def run_benchmark(args, argv: list[str]) -> int:
-    from . import bench
-
-    for name in args.presets:  # unknown names fail before anything slow
-        get_preset(name)
     backends = args.backends or bench.default_backends()
-    bench.availability(backends)
+    status = bench.availability(backends)  # unknown names fail before anything slow
+    if all(not available for available, _ in status.values()):
+        for name, (_, reason) in status.items():
+            print(f"error: {cannot_run(name, reason)}", file=sys.stderr)
+        return EXIT_ERROR
     corpus_path = args.data
     if corpus_path is None:
         corpus_path = default_dataset_path(download_progress())
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
-    info = bench.machine_info(with_torch=bench.TORCH in backends)
+    info = bench_report.machine_info(with_torch=bench.TORCH in backends)
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
-    results = bench.run_bench(backends, args.presets, corpus_path, args.steps, args.warmup,
-                              args.rounds, report=lambda line: print(line, flush=True))
+    budget = bench.Budget(args.steps, args.seconds, args.warmup, args.sample_names)
+    print(bench_report.legend(budget))
+    print(bench_report.table_header(), flush=True)
+    results = bench.run_bench(backends, args.presets, corpus_path, budget, args.rounds,
+                              on_row=lambda row: print(bench_report.table_row(row), flush=True))
+    if note := bench_report.busy_note(results):
+        print(note)
     if args.json:
-        bench.write_json(args.json, results, ["microgpt-gui", *argv], info)
+        bench_report.write_json(args.json, results, ["microgpt-gui", *argv], info)
         print(f"wrote {args.json}")
     return EXIT_ERROR if any(r.status == "error" for r in results) else 0

@@ -1,4 +1,5 @@
-"""`microgpt-gui` without a subcommand: parse the window's options, open it, run Qt."""
+"""`microgpt-gui` without a subcommand: open the window with the options
+engine.cli.window_args has parsed and checked, and run Qt."""
 from __future__ import annotations
 
 import argparse
@@ -8,19 +9,6 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from .main_window import APPLICATION, ORGANIZATION, RESOURCES, MainWindow
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="microgpt-gui", description="Train and sample microgpt in a window.")
-    parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
-                        "(default: the last one used, else makemore's names.txt, downloaded once)")
-    parser.add_argument("--preset", help="model preset to select at start")
-    parser.add_argument("--backend", help="backend to select at start")
-    parser.add_argument("--autorun-steps", type=int, metavar="N",
-                        help="start training N steps as soon as the dataset is ready (automation, demos)")
-    parser.add_argument("--quit-when-done", action="store_true",
-                        help="with --autorun-steps: quit when the run ends (exit status 1 on an error)")
-    return parser.parse_args(argv)
 
 
 def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
@@ -57,9 +45,9 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
         window.messageShown.connect(on_message)
 
 
-def run_gui(argv: list[str]) -> int:
-    args = parse_args(argv)
-    app = QApplication.instance() or QApplication([sys.argv[0], *argv])
+def run_gui(args: argparse.Namespace) -> int:
+    """args: engine.cli.window_args's; the preset and backend are known to be valid here."""
+    app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     style = RESOURCES / "style.qss"

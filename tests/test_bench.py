@@ -3,44 +3,147 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import engine
-from engine import bench
+from engine import bench, bench_report
 
 DOCS = ["emma", "olivia", "ava", "isabella", "sophia", "charlotte", "mia", "amelia", "harper",
         "evelyn", "abigail", "emily", "elizabeth", "mila", "ella", "avery", "sofia", "camila"]
 
 
-def test_measure_reports_a_consistent_row():
+def test_measure_reports_a_consistent_row(monkeypatch):
+    monkeypatch.setattr(bench, "load_average", lambda: 0.25)
     corpus = engine.Corpus.from_lines(DOCS)
-    row = bench.measure("numpy", "tiny", corpus, steps=7, warmup=2)
-    assert (row.status, row.steps, row.warmup) == ("ok", 7, 2)
+    row = bench.measure("numpy", "tiny", corpus, bench.Budget(steps=7, seconds=0, warmup=2, sample_names=4))
+    assert (row.status, row.steps, row.warmup, row.chunks, row.sample_names) == ("ok", 7, 2, 7, 4)
     assert row.params == engine.ModelConfig(16, 1, 4, 16).num_params(corpus.vocab_size)
+    assert row.ms_min <= row.ms_per_step <= row.ms_max
     assert row.steps_per_s == pytest.approx(1e3 / row.ms_per_step)
+    assert row.seconds > 0 and row.sample_ms > 0
+    assert (row.load_avg, row.busy) == (0.25, False)
     assert row.peak_rss_mb > 1 or math.isnan(row.peak_rss_mb)
 
 
-def test_chunks_split_the_steps_evenly():
-    assert bench._chunks(23, 10) == [3, 3, 3, 2, 2, 2, 2, 2, 2, 2]
-    assert bench._chunks(4, 4) == [1, 1, 1, 1]
+class FakeClock:
+    """perf_counter for bench, advanced only by FakeRunner's steps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class FakeRunner:
+    def __init__(self, clock, horizon=10**9, step_s=2**-10):  # about 1 ms, exact in binary
+        self.clock, self.horizon, self.step_s, self.done, self.calls = clock, horizon, step_s, 0, []
+
+    def train(self, k):
+        k = min(k, self.horizon - self.done)
+        self.calls.append(k)
+        self.done += k
+        self.clock.now += k * self.step_s
+        return np.zeros(k, dtype=np.float32)
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(bench.time, "perf_counter", clock.perf_counter)
+    return clock
+
+
+def test_timing_runs_for_the_seconds_when_they_take_longer_than_the_steps(fake_clock):
+    runner = FakeRunner(fake_clock)
+    warmup, pace = bench._warm_up(runner, None)  # at least 3 steps and WARMUP_S seconds
+    assert warmup == math.ceil(bench.WARMUP_S * 1024) and pace == 2**-10
+    chunks = bench._timed_chunks(runner, bench.Budget(steps=20, seconds=1.5), pace)
+    # 1.5 s at 1/1024 s a step: 1,536 steps, in CHUNKS calls of 154
+    assert [steps for steps, _ in chunks] == [154] * bench.CHUNKS
+    assert sum(seconds for _, seconds in chunks) == 1540 / 1024
+
+
+def test_timing_runs_exactly_the_steps_when_they_take_longer_than_the_seconds(fake_clock):
+    runner = FakeRunner(fake_clock)
+    chunks = bench._timed_chunks(runner, bench.Budget(steps=35, seconds=0.01), pace=None)
+    steps = [k for k, _ in chunks]
+    assert sum(steps) == 35 and max(steps) == 4  # calls of ceil(35 / CHUNKS), the last one shorter
+    assert sum(seconds for _, seconds in chunks) >= 0.01
+
+
+def test_timing_stops_at_the_runs_horizon(fake_clock):
+    runner = FakeRunner(fake_clock, horizon=50)
+    chunks = bench._timed_chunks(runner, bench.Budget(steps=20, seconds=10.0), pace=2**-10)
+    assert sum(k for k, _ in chunks) == 50  # not an endless loop once train() returns nothing
+
+
+@pytest.mark.parametrize("load, busy", [(3.5, True), (1.5, False), (None, False)])
+def test_a_load_average_above_the_core_count_marks_the_row_busy(load, busy, monkeypatch):
+    monkeypatch.setattr(bench, "load_average", lambda: load)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    row = bench.measure("numpy", "tiny", engine.Corpus.from_lines(DOCS),
+                        bench.Budget(steps=2, seconds=0, warmup=1, sample_names=0))
+    assert (row.load_avg, row.cores, row.busy, row.sample_ms) == (load, 2, busy, None)
+    assert row.sample_ms is None and bench_report.table_row(row).split()[7] == "-"  # sample ms column
+    assert bench_report.table_row(row).endswith(" busy") == busy
+    note = bench_report.busy_note([row, bench.BenchResult("ghost", "-", "skipped")])
+    assert note.startswith("warning: the machine was busy during 1 of 1 rows") if busy else note == ""
 
 
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="unknown backend 'warp'"):
         bench.availability(["numpy", "warp"])
+    with pytest.raises(ValueError, match="unknown backend 'torch'"):
+        bench.availability(["torch"], with_torch=False)  # a comparison, not a backend
 
 
 def test_worker_reports_an_error_row(tmp_path, capsys):
     data = tmp_path / "names.txt"
     data.write_text("\n".join(DOCS), encoding="utf-8")
+    spec = {"backend": "numpy", "preset": "no-such-preset", "data": str(data), "steps": 3, "seconds": 0,
+            "warmup": 1, "sample_names": 0}
     # a preset the corpus cannot train: the child reports it as the row's error
-    assert bench._worker(["numpy", "no-such-preset", str(data), "3", "1"]) == 0
+    assert bench._worker([json.dumps(spec)]) == 0
     row = bench.BenchResult(**json.loads(capsys.readouterr().out))
     assert row.status == "error" and "unknown preset" in row.reason
+
+
+def test_run_isolated_measures_in_a_child_process(tmp_path):
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(DOCS), encoding="utf-8")
+    row = bench.run_isolated("numpy", "tiny", data, bench.Budget(steps=4, seconds=0, warmup=1, sample_names=2))
+    assert (row.status, row.steps, row.warmup, row.sample_names) == ("ok", 4, 1, 2), row.reason
+    assert row.ms_min <= row.ms_per_step <= row.ms_max and row.sample_ms > 0
+
+
+def test_a_measurement_can_be_polled_and_cancelled(tmp_path):
+    """What the scaling study does: start a long measurement, poll, cancel; the child ends."""
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(DOCS), encoding="utf-8")
+    long = bench.Budget(steps=1, seconds=600)
+    with bench.Measurement("numpy", "tiny", data, long) as measurement:
+        assert measurement.poll() is None
+        started = time.monotonic()
+        with pytest.raises(engine.Cancelled, match="measuring numpy at tiny was cancelled"):
+            measurement.wait(cancel=lambda: time.monotonic() - started > 0.5)
+        assert measurement._proc.returncode is not None  # the child is gone, not left running
+        assert measurement.poll().status == "cancelled"
+    assert time.monotonic() - started < 60  # nowhere near the 600 s budget
+
+
+def test_leaving_the_block_cancels_a_running_measurement(tmp_path):
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(DOCS), encoding="utf-8")
+    with pytest.raises(KeyboardInterrupt):
+        with bench.Measurement("numpy", "tiny", data, bench.Budget(steps=1, seconds=600)) as measurement:
+            raise KeyboardInterrupt  # Ctrl+C in the parent
+    assert measurement._proc.returncode is not None
+    assert measurement.poll().status == "cancelled"
 
 
 def test_torch_reference_matches_the_numpy_backend():
@@ -61,6 +164,8 @@ def test_torch_reference_matches_the_numpy_backend():
 def test_rounds_report_the_median_run_and_the_largest_peak():
     runs = [bench.BenchResult("numpy", "tiny", "ok", ms_per_step=ms, steps_per_s=1e3 / ms, peak_rss_mb=mb)
             for ms, mb in ((3.0, 40.0), (1.0, 60.0), (2.0, 50.0))]
+    runs[0].load_avg, runs[0].busy, runs[1].load_avg = 2.5, True, 0.5  # the slowest ran on a busy machine
     row = bench.median_run(runs + [bench.BenchResult("numpy", "tiny", "error", reason="killed")])
     assert (row.ms_per_step, row.steps_per_s, row.peak_rss_mb) == (2.0, 500.0, 60.0)
+    assert (row.load_avg, row.busy) == (2.5, True)  # any disturbed run marks the row
     assert row.runs_ms == [3.0, 1.0, 2.0]

@@ -16,17 +16,19 @@ import pytest
 
 import engine
 import main
+from cli_support import run_main
 from engine.backends import _REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ROOT.parent / "shared" / "data" / "names.txt"
-needs_names = pytest.mark.skipif(not NAMES.is_file(), reason=f"dataset {NAMES} is absent")
 
 
 def run(argv, capsys):
     code = main.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+SMALL_DOCS = ["kate", "karl", "kai", "anna", "bob", "carla", "dave", "emma", "olivia", "ava", "sophia", "mia"]
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -36,13 +38,12 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 # demo ------------------------------------------------------------------------
 
-@needs_names
-def test_demo_trains_and_samples(capsys):
-    code, out, err = run(["demo", "--data", str(NAMES), "--steps", "30", "--samples", "4",
+def test_demo_trains_and_samples(names_path, capsys):
+    code, out, err = run(["demo", "--data", str(names_path), "--steps", "30", "--samples", "4",
                           "--temperature", "0.7", "--seed", "3"], capsys)
     assert code == 0, err
     lines = out.splitlines()
-    docs = [line.strip() for line in NAMES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    docs = [line.strip() for line in names_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     vocab = len(set("".join(docs))) + 1
     assert f"num docs: {len(docs)}" in lines
     assert f"vocab size: {vocab}" in lines
@@ -54,7 +55,7 @@ def test_demo_trains_and_samples(capsys):
     # the final loss is what the engine itself gives for the same 30 steps and seed
     preset = engine.PRESETS["tiny"].with_steps(30)
     train = replace(preset.train, seed=3)
-    corpus = engine.Corpus.from_file(NAMES)
+    corpus = engine.Corpus.from_file(names_path)
     losses = engine.open_backend("numpy", preset.model, train, corpus).train(30)
     final = next(line for line in lines if line.startswith("final loss: "))
     assert final.startswith(f"final loss: {losses[-1]:.4f} (mean of the last 30 steps: {np.mean(losses):.4f}")
@@ -74,21 +75,83 @@ def test_demo_reports_truncated_documents(tmp_path, capsys):
     assert "truncated: 2 documents longer than 15 characters" in out
 
 
+PRESET_CHOICES = ", ".join(engine.PRESETS)
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
-    (["--steps", "ten"], "argument --steps: expected a whole number"),
-    (["--samples", "-2"], "argument --samples: must be at least 1"),
-    (["--temperature", "0"], "argument --temperature: must be a positive number"),
-    (["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
-    (["--backend", "nope"], "unknown backend 'nope'"),
+    (["demo", "--steps", "0"], "--steps must be at least 1, got 0"),
+    (["demo", "--steps", "ten"], "--steps must be a whole number, got 'ten'"),
+    (["demo", "--samples", "-2"], "--samples must be at least 1, got -2"),
+    (["demo", "--temperature", "0"], "--temperature must be a positive number, got 0"),
+    (["demo", "--lr", "inf"], "--lr must be a positive number, got inf"),
+    (["demo", "--seed", "-1"], "--seed must be at least 0, got -1"),
+    (["demo", "--preset", "huge"], f"--preset: unknown preset 'huge'; choose from {PRESET_CHOICES}"),
+    (["demo", "--steps"], "--steps: expected one argument"),
+    (["demo", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bench", "--steps", "0"], "--steps must be at least 1, got 0"),
+    (["bench", "--seconds", "-1"], "--seconds must be a non-negative number, got -1"),
+    (["bench", "--sample-names", "x"], "--sample-names must be a whole number, got 'x'"),
+    (["bench", "--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (["bench", "--presets", "tiny,giant"], f"--presets: unknown preset 'giant'; choose from {PRESET_CHOICES}"),
+    (["bench", "--backends", ","], "--backends must be a comma-separated list of names"),
 ])
-def test_demo_rejects_bad_arguments(args, message, tmp_path, capsys):
+def test_a_bad_argument_is_one_line_and_status_2(args, message, tmp_path):
+    """What a person sees in a terminal: exactly one line, no usage dump, nothing on stdout."""
+    result = run_main(args, tmp_path)
+    assert (result.returncode, result.stderr, result.stdout) == (2, f"error: {message}\n", "")
+
+
+def test_demo_checks_the_backend_before_loading_the_dataset(tmp_path):
     data = write_lines(tmp_path / "names.txt", ["anna", "bob"])
-    code, out, err = run(["demo", "--data", str(data), *args], capsys)
-    assert code == 2
-    assert message in err
-    assert "Traceback" not in err
-    assert "sample" not in out
+    unknown = run_main(["demo", "--backend", "nope", "--data", str(data)], tmp_path)
+    assert unknown.returncode == 2 and unknown.stdout == ""  # no "num docs" first
+    assert unknown.stderr.startswith("error: unknown backend 'nope'; choose from numpy, ")
+    assert unknown.stderr.count("\n") == 1
+
+    # a backend that exists but cannot run here: status 1, before the (missing) file is looked at
+    cannot = run_main(["demo", "--backend", "futhark-cuda", "--data", str(tmp_path / "missing.txt")], tmp_path)
+    assert cannot.returncode == 1 and cannot.stdout == ""
+    assert cannot.stderr.startswith("error: backend futhark-cuda cannot run here: FUTHARK=")
+    assert cannot.stderr.count("\n") == 1
+
+
+def test_demo_samples_names_with_the_prefix(tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--steps", "40", "--samples", "6", "--prefix", "ka",
+                          "--seed", "4"], capsys)
+    assert code == 0, err
+    names = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
+    # the engine itself, trained the same way, samples these names with that prefix
+    preset = engine.PRESETS["tiny"].with_steps(40)
+    backend = engine.open_backend("numpy", preset.model, replace(preset.train, seed=4),
+                                  engine.Corpus.from_file(data))
+    backend.train(40)
+    assert names == backend.sample(6, 0.5, 4, prefix="ka")
+    assert len(names) == 6 and all(name.startswith("ka") for name in names)
+
+
+@pytest.mark.parametrize("prefix, message", [
+    ("kZ", "--prefix 'kZ': character 'Z' is not in the vocabulary of this dataset"),
+    ("a" * 16, "--prefix must be shorter than block_size (16), got 16 characters"),
+])
+def test_demo_rejects_a_prefix_it_cannot_sample_before_training(prefix, message, tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--steps", "5", "--prefix", prefix], capsys)
+    assert (code, err) == (2, f"error: {message}\n")
+    assert "step " not in out
+
+
+def test_demo_warns_when_the_loss_climbs_far_above_ln_v(tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--steps", "200", "--lr", "10", "--samples", "1"], capsys)
+    # finite but far above ln(V): a warning line on stderr, the run still ends normally
+    assert code == 0
+    [warning] = err.splitlines()
+    assert warning.startswith("warning: the run is diverging: the mean loss of the last ")
+    assert "sample  1: " in out
+
+    code, out, err = run(["demo", "--data", str(data), "--steps", "200", "--samples", "1"], capsys)
+    assert (code, err) == (0, "")
 
 
 def test_demo_rejects_bad_data(tmp_path, capsys):
@@ -142,8 +205,8 @@ def test_bench_writes_json(tmp_path, capsys):
     data = write_lines(tmp_path / "names.txt", ["emma", "olivia", "ava", "isabella", "sophia", "zoe"])
     vocab = len(set("emmaoliviaavaisabellasophiazoe")) + 1
     report = tmp_path / "bench.json"
-    code, out, err = run(["bench", "--backends", "numpy", "--presets", "tiny", "--steps", "6",
-                          "--warmup", "1", "--json", str(report), "--data", str(data)], capsys)
+    code, out, err = run(["bench", "--backends", "numpy", "--presets", "tiny", "--steps", "6", "--seconds", "0",
+                          "--warmup", "1", "--sample-names", "3", "--json", str(report), "--data", str(data)], capsys)
     assert code == 0, err
     doc = json.loads(report.read_text(encoding="utf-8"))
     assert doc["command"][:2] == ["microgpt-gui", "bench"]
@@ -151,33 +214,51 @@ def test_bench_writes_json(tmp_path, capsys):
     [row] = doc["results"]
     assert (row["backend"], row["preset"], row["status"]) == ("numpy", "tiny", "ok")
     assert row["params"] == 2 * vocab * 16 + 16 * 16 + 12 * 16 * 16  # wte, lm_head, wpe, one layer
-    assert (row["steps"], row["warmup"]) == (6, 1)
+    assert (row["steps"], row["warmup"], row["chunks"], row["sample_names"]) == (6, 1, 6, 3)
     assert row["ms_per_step"] > 0 and row["steps_per_s"] == pytest.approx(1e3 / row["ms_per_step"])
-    assert 1 < row["peak_rss_mb"] < 4096
+    assert row["ms_min"] <= row["ms_per_step"] <= row["ms_max"]
+    # the measured time is the calls' times: between all-fastest and all-slowest
+    assert row["steps"] * row["ms_min"] * (1 - 1e-9) <= 1e3 * row["seconds"] <= row["steps"] * row["ms_max"] * (1 + 1e-9)
+    assert row["sample_ms"] > 0 and 1 < row["peak_rss_mb"] < 4096
+    assert row["cores"] == doc["machine"]["cores"]
+    assert row["busy"] == (row["load_avg"] is not None and row["load_avg"] > row["cores"])
     table = out.splitlines()
-    assert table[1].split()[:4] == ["backend", "preset", "params", "ms/step"]
-    assert table[2].split()[:3] == ["numpy", "tiny", f"{row['params']:,}"]
+    header = next(i for i, line in enumerate(table) if line.startswith("backend "))
+    assert table[header].split() == ["backend", "preset", "params", "ms/step", "min", "max", "steps/s",
+                                     "sample", "ms", "peak", "MB", "steps", "s", "load"]
+    cells = table[header + 1].split()
+    assert cells[:3] == ["numpy", "tiny", f"{row['params']:,}"]
+    assert [float(c) for c in cells[3:6]] == pytest.approx([row["ms_per_step"], row["ms_min"], row["ms_max"]], abs=6e-4)
+    assert ("busy" in cells) == row["busy"] == ("warning: the machine was busy" in out)
 
 
 def test_bench_lists_unavailable_backends_as_skipped(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(_REGISTRY, "ghost", (lambda: (False, "no ghost device here"), None))
     data = write_lines(tmp_path / "names.txt", ["anna", "bob"])
     report = tmp_path / "bench.json"
-    code, out, err = run(["bench", "--backends", "ghost", "--presets", "tiny", "--data", str(data),
-                          "--json", str(report)], capsys)
+    code, out, err = run(["bench", "--backends", "ghost,numpy", "--presets", "tiny", "--data", str(data),
+                          "--steps", "2", "--seconds", "0", "--warmup", "1", "--json", str(report)], capsys)
     assert code == 0, err
     assert re.search(r"^ghost +- +skipped: no ghost device here$", out, re.MULTILINE)
-    [row] = json.loads(report.read_text(encoding="utf-8"))["results"]
-    assert (row["status"], row["reason"]) == ("skipped", "no ghost device here")
+    skipped, measured = json.loads(report.read_text(encoding="utf-8"))["results"]
+    assert (skipped["status"], skipped["reason"]) == ("skipped", "no ghost device here")
+    assert (measured["backend"], measured["status"]) == ("numpy", "ok")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backends", "numpy,warp"], "unknown backend 'warp'"),
-    (["--presets", "tiny,giant"], "unknown preset 'giant'"),
-    (["--steps", "0"], "argument --steps: must be at least 1"),
-])
-def test_bench_rejects_bad_arguments(args, message, tmp_path, capsys):
+def test_bench_fails_when_no_requested_backend_can_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(_REGISTRY, "ghost", (lambda: (False, "no ghost device here"), None))
+    monkeypatch.setitem(_REGISTRY, "phantom", (lambda: (False, "phantom driver too old"), None))
+    report = tmp_path / "bench.json"
+    code, out, err = run(["bench", "--backends", "ghost,phantom", "--data", str(tmp_path / "missing.txt"),
+                          "--json", str(report)], capsys)
+    assert (code, out) == (1, "")  # before the dataset is looked at, and nothing measured
+    assert err.splitlines() == ["error: backend ghost cannot run here: no ghost device here",
+                                "error: backend phantom cannot run here: phantom driver too old"]
+    assert not report.exists()
+
+
+def test_bench_rejects_an_unknown_backend(tmp_path, capsys):
     data = write_lines(tmp_path / "names.txt", ["anna", "bob"])
-    code, out, err = run(["bench", "--data", str(data), *args], capsys)
-    assert code == 2
-    assert message in err and "Traceback" not in err
+    code, out, err = run(["bench", "--data", str(data), "--backends", "numpy,warp"], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: unknown backend 'warp'; choose from numpy, ") and err.count("\n") == 1

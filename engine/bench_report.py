@@ -1,0 +1,95 @@
+"""What `microgpt-gui bench` prints and writes: the table, its legend, the
+busy-machine warning, the machine's description and the JSON file."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from .bench import CHUNKS, BenchResult, Budget, torch_status
+
+_COLUMNS = "{:<17} {:<11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} {:>5}"  # 17: futhark-multicore
+
+
+def table_header() -> str:
+    return _COLUMNS.format("backend", "preset", "params", "ms/step", "min", "max", "steps/s",
+                           "sample ms", "peak MB", "steps", "s", "load")
+
+
+def table_row(r: BenchResult) -> str:
+    if r.status != "ok":
+        return f"{r.backend:<17} {r.preset:<11} {r.status}: {r.reason}"
+    row = _COLUMNS.format(r.backend, r.preset, f"{r.params:,}", f"{r.ms_per_step:.3f}", f"{r.ms_min:.3f}",
+                          f"{r.ms_max:.3f}", f"{r.steps_per_s:.1f}",
+                          "-" if r.sample_ms is None else f"{r.sample_ms:.1f}", f"{r.peak_rss_mb:.0f}",
+                          r.steps, f"{r.seconds:.1f}", "-" if r.load_avg is None else f"{r.load_avg:.1f}")
+    return row + (" busy" if r.busy else "")
+
+
+def legend(budget: Budget) -> str:
+    samples = f"one sample({budget.sample_names}) call after the steps" if budget.sample_names else "not measured"
+    return (f"ms/step: median of about {CHUNKS} train(k) calls after warm-up, at least {budget.steps} steps "
+            f"and {budget.seconds:g} s (min, max: the fastest and slowest call); sample ms: {samples}; "
+            "load: 1-minute load average")
+
+
+def busy_note(results: list[BenchResult]) -> str:
+    """A warning when any row ran while the load average exceeded the core count, else ""."""
+    measured = [r for r in results if r.status == "ok"]
+    busy = [r for r in measured if r.busy]
+    if not busy:
+        return ""
+    worst = max(busy, key=lambda r: r.load_avg)
+    return (f"warning: the machine was busy during {len(busy)} of {len(measured)} rows (marked busy; "
+            f"load average up to {worst.load_avg:.1f} on {worst.cores} cores): other work shared the CPU, "
+            "so those figures are slower and noisier than this machine can do; measure again when it is idle")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def numpy_blas() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas['name']} {blas.get('version', '')}".strip()
+    except Exception:  # older NumPy, or a build that does not say
+        return "unknown"
+
+
+def machine_info(with_torch: bool = True) -> dict:
+    """Where the numbers come from (importing PyTorch takes seconds: only when asked)."""
+    info = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numpy_blas": numpy_blas(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")},
+    }
+    if with_torch:
+        available, _ = torch_status()
+        if available:
+            import torch
+
+            info["torch"] = torch.__version__
+            info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def write_json(path: Path, results: list[BenchResult], command: list[str], machine: dict) -> None:
+    doc = {"command": command, "machine": machine, "results": [asdict(r) for r in results]}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

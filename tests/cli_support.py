@@ -1,0 +1,25 @@
+"""Running `python main.py ...` from the repository root as a new user would:
+a clean environment (no display, no Qt platform, no Futhark), a fresh home."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """PATH and a fresh HOME only; FUTHARK names no compiler, so every Futhark
+    backend is unavailable even where one is installed."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8",
+           "MICROGPT_GUI_SETTINGS": str(home / "settings.ini"), "XDG_DATA_HOME": str(home / "data"),
+           "FUTHARK": str(home / "no-futhark-here")}
+    env.update(extra)
+    return env
+
+
+def run_main(args: list[str], home: Path, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=clean_env(home, **extra),
+                          capture_output=True, text=True, timeout=timeout)
