@@ -189,11 +189,21 @@ def test_divergence_keeps_the_parameters_from_before(name, corpus, futhark_cpu_b
         diverged.train(50)
     good = diverged.step
     assert error.value.step == good and 0 < good < 50 and not np.isfinite(error.value.loss)
-    # a second run that stops just before the bad step is in the same state
+    state = diverged.get_state()
+    # a second run that stops just before the bad step is in the same state: bit for bit
+    # on futhark-c; multicore's gradient sums atomically, in the order its threads run,
+    # so its runs differ in the last bits
     before = open_backend(name, model, train, corpus)
-    np.testing.assert_array_equal(before.train(good), diverged.loss_history)
+
+    def same(actual, desired):
+        if name == "futhark-c":
+            np.testing.assert_array_equal(actual, desired)
+        else:
+            finite = np.abs(np.asarray(desired)[np.isfinite(desired)])  # NaN equals NaN here
+            np.testing.assert_allclose(actual, desired, rtol=1e-4, atol=1e-5 * finite.max(initial=0.0))
+    same(before.train(good), diverged.loss_history)
     for field in ("params", "m", "v", "step"):
-        np.testing.assert_array_equal(getattr(diverged.get_state(), field), getattr(before.get_state(), field))
+        same(getattr(state, field), getattr(before.get_state(), field))
     # and it reports the same non-finite loss for the next step
     with pytest.raises(TrainingDiverged):
         before.train(1)
