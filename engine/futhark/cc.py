@@ -29,8 +29,8 @@ CLANG_CFLAGS = ("-O3 -march=native -fno-math-errno -fassociative-math -fno-signe
 GCC_CFLAGS = ("-O3 -march=native -fno-math-errno -fassociative-math -fno-signed-zeros "
               "-fno-trapping-math --param vect-max-version-for-alias-checks=200")
 OTHER_CFLAGS = "-O3"  # a compiler we do not recognise gets only what every cc accepts
-# Python's own CFLAGS ask for debug info; without it the build is up to 40% faster
-# and the library 2-4x smaller (clang 14, the sequential C).
+# Python's own CFLAGS ask for debug info; without it the compile of the shipped C was
+# up to 45% faster and the object files 2-7x smaller (clang 14, gcc 12).
 NO_DEBUG_INFO = "-g0"
 # Flags that let the compiler assume no NaN or inf exists: never used.
 FINITE_MATH_FLAGS = ("-ffast-math", "-ffinite-math-only", "-Ofast")
