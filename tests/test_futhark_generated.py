@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from engine import BackendError
 from engine.futhark import cc
 from engine.futhark import generated as gen
 from engine.futhark import tools as ft
 from engine.futhark.__main__ import main as futhark_main
-from futhark_support import copy_kernels, edit_kernel, requires_real_futhark
+from futhark_support import copy_kernels, edit_kernel, requires_real_futhark, write_script
 
 
 # -- the shipped code and its staleness check ------------------------------------
@@ -77,6 +78,45 @@ def test_check_command(capsys):
 def test_regenerate_command_without_a_compiler_says_so(clean_env, capsys):
     assert futhark_main(["--regenerate"]) == 1
     assert "Futhark compiler not found" in capsys.readouterr().err
+
+
+# Writes what `futhark <target> --library -o microgpt microgpt.fut` writes, from the sources.
+GENERATING_FUTHARK = """if [ "$1" = "--version" ]; then echo "Futhark 0.25.99"; exit 0; fi
+[ "$2 $3 $4 $5" = "--library -o microgpt microgpt.fut" ] || exit 9
+echo "/* $1 code of $(cat *.fut lib/*.fut 2>/dev/null | cksum) */" > microgpt.c
+echo "/* $1 header */" > microgpt.h
+echo '{"backend": "'$1'"}' > microgpt.json
+"""
+
+
+def test_regenerate_rewrites_every_target_and_the_manifest(clean_env, tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    edit_kernel(kernels)
+    (kernels / "lib").mkdir()
+    (kernels / "lib" / "extra.fut").write_text("def one = 1f32\n")
+    write_script(clean_env / "empty-bin", "futhark", GENERATING_FUTHARK)
+    said = []
+    manifest = gen.regenerate(ft.find_compiler(), kernels, say=said.append)
+    assert gen.check(kernels) == [] and gen.read_manifest(kernels) == manifest
+    assert manifest["futhark"] == "0.25.99" and set(manifest["kernel_sources"]) == {"microgpt.fut", "lib/extra.fut"}
+    for target in gen.TARGETS:
+        files = sorted(p.name for p in (kernels / "generated" / target).iterdir())
+        assert files == sorted(gen.GENERATED_FILES)
+        assert (kernels / "generated" / target / "microgpt.c").read_text().startswith(f"/* {target} code of ")
+    assert any("0.25.99" in line for line in said)
+
+
+def test_a_failed_regenerate_leaves_the_folder_as_it_was(clean_env, tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    edit_kernel(kernels)
+    before = {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()}
+    write_script(clean_env / "empty-bin", "futhark", """if [ "$1" = "--version" ]; then echo "Futhark 0.25.99"; exit 0; fi
+if [ "$1" = "cuda" ]; then echo "Error at microgpt.fut:1:1: no CUDA today" >&2; exit 1; fi
+echo "/* $1 */" > microgpt.c; echo > microgpt.h; echo "{}" > microgpt.json
+""")
+    with pytest.raises(BackendError, match=r"(?s)could not compile the kernels for the cuda backend.*no CUDA today"):
+        gen.regenerate(ft.find_compiler(), kernels, say=lambda line: None)
+    assert {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()} == before
 
 
 def test_the_package_ships_the_generated_folder():

@@ -148,9 +148,8 @@ def generate(compiler: Compiler, target: str, sources: Mapping[str, bytes], work
         (work / name).write_bytes(data)
     status, output = run_logged([compiler.path, target, "--library", "-o", KERNEL, f"{KERNEL}.fut"], log, work)
     if status != 0:
-        where = f"\nFull log: {log.name}" if isinstance(getattr(log, "name", None), str) else ""
         raise BackendError(f"Futhark {compiler.version} could not compile the kernels for the "
-                           f"{target} backend:\n{first_error_lines(output)}{where}")
+                           f"{target} backend:\n{first_error_lines(output)}")
 
 
 def _generate_one(compiler: Compiler, target: str, sources: Mapping[str, bytes], work: Path) -> dict[str, bytes]:
