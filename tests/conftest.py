@@ -16,6 +16,8 @@ from engine import Corpus, ModelConfig, TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["futhark_support"]  # the Futhark tests' fixtures
+
 
 def find_names_txt() -> Path:
     """$MICROGPT_NAMES if set, else shared/data/names.txt beside the repository root
@@ -85,3 +87,4 @@ def small_model() -> ModelConfig:
 def short_train() -> TrainConfig:
     """microgpt's hyperparameters over a short run."""
     return TrainConfig(num_steps=20)
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import futhark_build
+from ..futhark import build as futhark_build
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..params import LAYER_PARAMS, ParamSpec

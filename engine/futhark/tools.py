@@ -1,6 +1,7 @@
 """Finding the tools a Futhark backend needs, and saying why one cannot run:
-the Futhark compiler (FUTHARK or PATH) and its version, a C compiler, the
-CUDA driver and toolkit, an OpenCL loader, headers and platform.
+the Futhark compiler (FUTHARK or PATH) and its version, the CUDA driver and
+toolkit, an OpenCL loader, headers and platform (the C compiler: cc.py);
+running a tool with its output kept in a log.
 
 Every reason is a sentence a person can act on.
 """
@@ -20,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .errors import BackendError
+from ..errors import BackendError
 
 INSTALL_HINT = (
     "install it from https://futhark-lang.org/releases/ (or `brew install futhark`, Nix, "
@@ -83,17 +84,6 @@ def find_compiler(env: Mapping[str, str] | None = None) -> Compiler:
             raise CompilerNotFound(f"Futhark compiler not found: {INSTALL_HINT}")
     stat = os.stat(path)
     return Compiler(path, _version_of(path, stat.st_mtime_ns, stat.st_size))
-
-
-def find_c_compiler(env: Mapping[str, str] | None = None) -> str | None:
-    """CC if set (and found), else cc, gcc or clang on PATH."""
-    env = os.environ if env is None else env
-    names = shlex.split(env["CC"])[:1] if env.get("CC") else ["cc", "gcc", "clang"]
-    for name in names:
-        path = shutil.which(name, path=env.get("PATH"))
-        if path:
-            return path
-    return None
 
 
 # Where toolkits and headers live when no variable says so (tests replace these).
@@ -192,3 +182,32 @@ def device_problem(target: str) -> str | None:
     if target == "opencl":
         return opencl_problem()
     return None
+
+
+def run_logged(cmd: list[str], log, cwd: Path, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Run cmd, appending its output to the open log file; (exit status, output)."""
+    log.write(f"$ {shlex.join(cmd)}\n")
+    log.flush()
+    try:
+        done = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace")
+    except OSError as exc:
+        log.write(f"{exc}\n")
+        return 127, str(exc)
+    log.write(done.stdout)
+    log.write(f"[exit status {done.returncode}]\n\n")
+    log.flush()
+    return done.returncode, done.stdout
+
+
+def first_error_lines(text: str, limit: int = 8) -> str:
+    """The first error a compiler reported and the lines after it (or the last lines)."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    start = next((i for i, line in enumerate(lines) if re.search(r"(?i)\berror\b", line)), None)
+    if start is None:
+        chosen = [line for line in lines if line.strip()][-limit:]
+    else:
+        chosen = lines[start:start + limit]
+    while chosen and not chosen[-1].strip():
+        chosen.pop()
+    return "\n".join(chosen)

@@ -1,0 +1,274 @@
+"""Building a Futhark backend's CFFI extension into the per-user cache, and
+importing it; whether a backend can run here.
+
+The C comes from kernels/generated/ (shipped: only a C compiler is needed)
+while it matches the kernel sources; otherwise a Futhark compiler generates
+it from the sources (local). A build runs futhark-ffi's CFFI build in a
+private temporary directory that is renamed into place when complete, under
+a file lock: two processes building at once wait for each other instead of
+corrupting the cache. Every attempt's output is appended to a log file whose
+path every failure names.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..data import user_cache_dir
+from ..errors import BackendError
+from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
+from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13
+from .generated import (GENERATED_FILES, KERNEL, KERNEL_DIR, TARGETS, generate, generated_dir,
+                        kernel_sources, shipped_digest, shipped_problem, shipped_version, source_hashes)
+from .lock import FileLock
+from .tools import (Compiler, CompilerNotFound, cuda_toolkit_root, device_problem, ffi_problem,
+                    find_compiler, first_error_lines, run_logged)
+
+BUILD_FORMAT = 3  # bump when the build steps change: old cache entries are then ignored
+DESCRIPTIONS = {
+    "c": "sequential C",
+    "multicore": "multicore C",
+    "cuda": "CUDA",
+    "opencl": "OpenCL",
+}
+# The variables that change what the CFFI build produces (all go into the cache key).
+BUILD_VARIABLES = ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a build's C comes from: the shipped folder, or a local Futhark compile."""
+    kind: str     # "shipped" or "local"
+    futhark: str  # the Futhark version that generated (or will generate) the code
+    digest: str   # shipped: its generated files; local: the kernel sources
+    compiler: Compiler | None = None  # local: the Futhark compiler to run
+    sources: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one build depends on, and where it lives in the cache."""
+    target: str
+    origin: Origin
+    cc: CCompiler
+    env: Mapping[str, str] = field(repr=False)
+    key_parts: tuple[str, ...]
+    libdir: Path
+    kernel_dir: Path
+
+
+def choose_origin(target: str, kernel_dir: Path = KERNEL_DIR) -> Origin:
+    """The shipped code while it matches the kernel sources, else a Futhark compile;
+    never stale code (BackendError when the sources changed and no compiler is found)."""
+    sources = kernel_sources(kernel_dir)
+    problem = shipped_problem(target, kernel_dir, sources)
+    if problem is None:
+        return Origin("shipped", shipped_version(kernel_dir), shipped_digest(target, kernel_dir))
+    try:
+        compiler = find_compiler()
+    except CompilerNotFound as exc:
+        raise BackendError(f"the shipped {target} code cannot be used, and compiling the kernels needs "
+                           f"a Futhark compiler: {problem}. {exc}") from None
+    digest = hashlib.sha256(json.dumps(source_hashes(sources)).encode()).hexdigest()
+    return Origin("local", compiler.version, digest, compiler, sources)
+
+
+def python_tag() -> str:
+    try:
+        from importlib.metadata import version
+
+        ffi = version("futhark-ffi")
+    except Exception:  # not installed: the probe says so before any build
+        ffi = "?"
+    return f"{sys.implementation.cache_tag}-{sys.platform}-{'.'.join(map(str, sys.version_info[:3]))}-ffi{ffi}"
+
+
+def key_parts(target: str, origin: Origin, cc: CCompiler, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Everything a compiled library depends on, one "name=value" string each."""
+    parts = [f"format={BUILD_FORMAT}", f"target={target}", f"origin={origin.kind}",
+             f"futhark={origin.futhark}", f"code={origin.digest}",
+             f"cc={cc.path}", f"cc_version={cc.version}", f"python={python_tag()}"]
+    parts += [f"{var}={env.get(var, '')}" for var in BUILD_VARIABLES]
+    if NATIVE in env.get("CFLAGS", "").split():  # the code runs only on CPUs like this one
+        parts.append(f"cpu={hashlib.sha256(cpu_description().encode()).hexdigest()[:16]}")
+    return tuple(parts)
+
+
+def cache_key(parts: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:20]
+
+
+def cache_root() -> Path:
+    return user_cache_dir() / "futhark"
+
+
+def _cuda_paths(target: str, env: dict[str, str]) -> dict[str, str]:
+    """CUDA's headers and libraries for the cuda and opencl builds, where the toolkit is."""
+    root = cuda_toolkit_root(env) if target in ("cuda", "opencl") else None
+    if root is not None:
+        libs = next((d for d in (root / "lib64", root / "lib") if d.is_dir()), root / "lib64")
+        env["CPPFLAGS"] = f"{env.get('CPPFLAGS', '')} -I{root / 'include'}".strip()
+        env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -L{libs} -Wl,-rpath,{libs}".strip()
+    return env
+
+
+def plan(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -> Plan:
+    """What a build of target needs and where it goes; BackendError saying why it cannot run."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown Futhark target {target!r}; choose from {', '.join(TARGETS)}")
+    problem = ffi_problem()
+    cc = None if problem else find_c_compiler()
+    problem = problem or (None if cc else NO_C_COMPILER) or device_problem(target)
+    if problem:
+        raise BackendError(problem)
+    origin = choose_origin(target, kernel_dir)
+    env = _cuda_paths(target, build_environment(cc))
+    parts = key_parts(target, origin, cc, env)
+    libdir = (root or cache_root()) / f"{KERNEL}-{target}-{cache_key(parts)}"
+    return Plan(target, origin, cc, env, parts, libdir, kernel_dir)
+
+
+def describe(build: Plan, built: bool) -> str:
+    """The probe's reason: who generated the code, which C compiler builds it, and whether it is built."""
+    what, origin = DESCRIPTIONS[build.target], build.origin
+    if origin.kind == "shipped":
+        source = f"{what} generated by Futhark {origin.futhark} (shipped)"
+        when = "built" if built else "compiles C on first use (seconds to a minute)"
+    else:
+        source = (f"{what} from the edited kernel sources, compiled by Futhark {origin.futhark} "
+                  f"({origin.compiler.path})")
+        when = "built" if built else "compiles on first use (a minute or two)"
+    return f"{source}, C compiler {build.cc.name}; {when}"
+
+
+def probe(target: str, kernel_dir: Path = KERNEL_DIR) -> tuple[bool, str]:
+    """(available, reason): what a person sees in the backend list."""
+    try:
+        build = plan(target, kernel_dir)
+    except BackendError as exc:
+        return False, str(exc)
+    return True, describe(build, is_complete(build.libdir))
+
+
+# -- the cache -----------------------------------------------------------------
+
+def log_path(libdir: Path) -> Path:
+    return libdir.parent / "logs" / f"{libdir.name}.log"
+
+
+def module_name(target: str) -> str:
+    return f"{KERNEL}_{target}"  # CFFI makes the module `_microgpt_<target>`
+
+
+def _extension(libdir: Path, target: str) -> Path | None:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = libdir / f"_{module_name(target)}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def is_complete(libdir: Path) -> bool:
+    return (libdir / "build.json").is_file()
+
+
+def build(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -> Path:
+    """The directory of the compiled library for target, building it if needed."""
+    this = plan(target, kernel_dir, root)
+    if is_complete(this.libdir):
+        return this.libdir
+    try:
+        with FileLock(this.libdir.parent / f".{this.libdir.name}.lock"):
+            if not is_complete(this.libdir):  # nobody built it while we waited
+                _compile(this)
+    except OSError as exc:
+        raise BackendError(f"cannot build in the Futhark cache {this.libdir.parent}: {exc}") from None
+    return this.libdir
+
+
+_FFI_BUILD = (
+    "import sys, futhark_ffi.build as b; "
+    "b.build(sys.argv[1], sys.argv[2]).compile(tmpdir=sys.argv[3], verbose=True)"
+)
+
+
+def _compile(this: Plan) -> None:
+    target, origin, libdir = this.target, this.origin, this.libdir
+    log = log_path(libdir)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{libdir.name}.", dir=libdir.parent))
+    try:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"microgpt-gui: building {KERNEL} for Futhark's {target} backend, "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n" + "".join(f"  {p}\n" for p in this.key_parts) + "\n")
+            if origin.kind == "local":
+                try:
+                    generate(origin.compiler, target, origin.sources, work, out)
+                except BackendError as exc:
+                    raise BackendError(f"{exc}\nFull log: {log}") from None
+            else:
+                for name in GENERATED_FILES:
+                    shutil.copyfile(generated_dir(this.kernel_dir) / target / name, work / name)
+                out.write(f"copied the shipped {target} code ({', '.join(GENERATED_FILES)}) from "
+                          f"{generated_dir(this.kernel_dir) / target}\n\n")
+            if target == "cuda":
+                generated = work / f"{KERNEL}.c"
+                text, patched = patch_cuda13(generated.read_text(encoding="utf-8"))
+                if patched:
+                    generated.write_text(text, encoding="utf-8")
+                    out.write("microgpt-gui: patched the three-argument cuCtxCreate call for CUDA 13\n\n")
+            status, output = run_logged([sys.executable, "-c", _FFI_BUILD, KERNEL, module_name(target), "."],
+                                        out, work, this.env)
+            if status != 0 or _extension(work, target) is None:
+                if target == "cuda" and cuda13_incompatible(output):
+                    raise BackendError(
+                        f"the CUDA code of Futhark {origin.futhark} does not compile against this "
+                        f"CUDA 13 toolkit (cuCtxCreate gained an argument); upgrade Futhark to "
+                        f"{CUDA13_FIXED_IN} or newer. Full log: {log}")
+                raise BackendError(
+                    f"the C compiler ({this.cc.name}, {this.cc.path}) could not build the Futhark {target} "
+                    f"library:\n{first_error_lines(output)}\nFull log: {log} (CC selects another compiler)")
+        for intermediate in (*work.glob("*.o"), work / f"_{module_name(target)}.c"):
+            intermediate.unlink(missing_ok=True)  # CFFI's object file and its copy of the C
+        shutil.copy2(log, work / "build.log")
+        (work / "build.json").write_text(json.dumps({
+            "target": target, "origin": origin.kind, "futhark": origin.futhark, "c_compiler": this.cc.name,
+            "key": list(this.key_parts), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }, indent=1))
+        if libdir.exists():  # a leftover from an interrupted older build format
+            shutil.rmtree(libdir)
+        os.replace(work, libdir)  # publish the complete build in one step
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+_modules: dict[Path, object] = {}
+
+
+def import_library(libdir: Path, target: str):
+    """The CFFI module (with .ffi and .lib) of a complete build, imported once per process."""
+    if libdir not in _modules:
+        path = _extension(libdir, target)
+        if path is None:
+            raise BackendError(f"the Futhark {target} build in {libdir} is incomplete; delete it and retry")
+        spec = importlib.util.spec_from_file_location(f"_{module_name(target)}", path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:
+            raise BackendError(f"the compiled Futhark {target} library could not be loaded: {exc}") from None
+        _modules[libdir] = module
+    return _modules[libdir]

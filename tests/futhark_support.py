@@ -1,0 +1,145 @@
+"""Helpers and fixtures for the Futhark tests (a pytest plugin, see conftest.py):
+stand-in executables, a copy of the kernels folder to edit, the real Futhark
+compiler where one is found, an environment in which no Futhark compiler
+(or no tool at all) can be found, and the session's shipped-code builds."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from engine.futhark import build as fbuild
+from engine.futhark import cc, generated
+from engine.futhark import tools as ft
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+FUTHARK_VERSION_OUTPUT = """Futhark 0.25.9
+git: 1a2b3c4 (Mon Jan 1 00:00:00 2024 +0100)
+Copyright (C) DIKU, University of Copenhagen, released under the ISC license.
+"""
+FUTHARK_ERROR = """Error at microgpt.fut:42:7-12:
+Unknown name "relu'".
+
+If you find this error message confusing, uninformative, or wrong, please open an issue:
+  https://github.com/diku-dk/futhark/issues
+"""
+CLANG_VERSION = "Debian clang version 14.0.6"
+GCC_VERSION = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0"
+
+
+def write_script(folder: Path, name: str, body: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\nPATH=/usr/bin:/bin:$PATH\n" + body)  # its own tools only
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def version_only_futhark(folder: Path, version_output: str = FUTHARK_VERSION_OUTPUT) -> Path:
+    """A `futhark` that answers --version and refuses to compile anything."""
+    return write_script(folder, "futhark", f"""if [ "$1" = "--version" ]; then
+cat <<'EOF'
+{version_output}EOF
+exit 0
+fi
+echo "this stand-in compiles nothing" >&2
+exit 2
+""")
+
+
+def stand_in_cc(folder: Path, name: str, version_line: str, body: str = "exit 0\n") -> Path:
+    """A C compiler that answers --version like the real one and otherwise runs body."""
+    return write_script(folder, name, f"""if [ "$1" = "--version" ]; then
+echo "{version_line}"; exit 0
+fi
+{body}""")
+
+
+def copy_kernels(dest: Path) -> Path:
+    """A copy of kernels/ (sources, generated folder and manifest) to edit."""
+    shutil.copytree(generated.KERNEL_DIR, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def edit_kernel(kernel_dir: Path) -> None:
+    """Change microgpt.fut without changing what it computes."""
+    source = kernel_dir / "microgpt.fut"
+    source.write_bytes(source.read_bytes() + b"\n-- an edit\n")
+
+
+def real_futhark() -> str | None:
+    """A real Futhark compiler: FUTHARK, `futhark` on PATH, or the development
+    copy in shared/tools/bin beside the repository (or a folder above it)."""
+    candidates = [os.environ.get("FUTHARK"), shutil.which("futhark")]
+    candidates += [str(folder / "shared" / "tools" / "bin" / "futhark") for folder in REPO_ROOT.parents]
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def hide_futhark(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Make sure no Futhark compiler can be found: FUTHARK names a file that does not
+    exist (it wins over PATH, in this process and in the builds' subprocesses)."""
+    monkeypatch.setenv("FUTHARK", str(folder / "no-futhark-here"))
+    with pytest.raises(ft.CompilerNotFound):
+        ft.find_compiler()
+
+
+CLANG = cc.CCompiler("/usr/bin/clang", "/usr/bin/clang", "clang", CLANG_VERSION)
+
+REAL_FUTHARK = real_futhark()
+requires_real_futhark = pytest.mark.skipif(
+    REAL_FUTHARK is None, reason="needs a Futhark compiler (FUTHARK, futhark on PATH, or "
+                                 "../shared/tools/bin/futhark beside the repository)")
+
+
+@pytest.fixture
+def real_compiler(monkeypatch) -> ft.Compiler:
+    """The real Futhark compiler, named by FUTHARK for this test."""
+    monkeypatch.setenv("FUTHARK", REAL_FUTHARK)
+    return ft.find_compiler()
+
+
+@pytest.fixture
+def clean_env(tmp_path, monkeypatch):
+    """An environment with no tools anywhere: PATH is an empty folder, the cache is private."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    for var in ("FUTHARK", "CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", cc.PORTABLE_VARIABLE,
+                "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CPATH", "C_INCLUDE_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(ft, "SYSTEM_INCLUDE_DIRS", [])
+    monkeypatch.setattr(ft, "system_cuda_roots", lambda: [])
+    ft.device_problem.cache_clear()
+    yield tmp_path
+    ft.device_problem.cache_clear()
+
+
+@pytest.fixture
+def with_clang(clean_env):
+    """clean_env plus a stand-in clang 14 on PATH: the shipped code is buildable."""
+    return stand_in_cc(clean_env / "empty-bin", "clang", CLANG_VERSION)
+
+
+@pytest.fixture(scope="session")
+def futhark_cpu_builds(tmp_path_factory) -> dict:
+    """The futhark-c and futhark-multicore libraries, built once per session from the
+    shipped C (kernels/generated/) with no Futhark compiler to be found; later
+    sessions find them in the per-user cache. Skips where there is no C compiler."""
+    if cc.find_c_compiler() is None:
+        pytest.skip(cc.NO_C_COMPILER)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        hide_futhark(monkeypatch, tmp_path_factory.mktemp("no-futhark"))
+        builds = {}
+        for target in ("c", "multicore"):
+            plan = fbuild.plan(target)
+            assert plan.origin.kind == "shipped", plan.origin
+            builds[target] = fbuild.build(target)
+    return builds

@@ -1,0 +1,198 @@
+"""The generated C shipped in kernels/generated/: its staleness check against
+the kernel sources, the commands that check and regenerate it, that the
+package carries it, that the GPU targets' code compiles against the
+installed headers, and (with a real Futhark compiler) that regenerating
+gives the same bytes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine import BackendError
+from engine.futhark import cc
+from engine.futhark import generated as gen
+from engine.futhark import tools as ft
+from engine.futhark.__main__ import main as futhark_main
+from futhark_support import copy_kernels, edit_kernel, requires_real_futhark, write_script
+
+
+# -- the shipped code and its staleness check ------------------------------------
+
+def test_the_generated_folder_matches_the_kernel_sources():
+    """Fails after an edit of kernels/*.fut until kernels/generated/ is regenerated."""
+    problems = gen.check()
+    assert not problems, "\n".join(problems)
+    manifest = gen.read_manifest()
+    assert set(manifest["generated"]) == set(gen.TARGETS)
+    assert manifest["kernel_sources"] == gen.source_hashes(gen.kernel_sources())
+
+
+def test_an_edited_kernel_is_stale_and_names_the_regenerate_command(tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    assert gen.check(kernels) == []
+    edit_kernel(kernels)
+    problem = gen.sources_problem(kernels)
+    assert "changed microgpt.fut" in problem and gen.REGENERATE_COMMAND in problem
+    assert gen.shipped_problem("c", kernels) == problem
+    assert gen.check(kernels) == [problem]
+
+
+def test_a_new_or_removed_kernel_file_is_stale(tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    (kernels / "lib").mkdir()
+    (kernels / "lib" / "linalg.fut").write_text("def dot [n] (a: [n]f32) (b: [n]f32) = 0f32\n")
+    assert "added lib/linalg.fut" in gen.sources_problem(kernels)
+    (kernels / "lib" / "linalg.fut").unlink()
+    assert gen.sources_problem(kernels) is None
+    # a .fut file inside the generated folder is not a kernel source
+    (kernels / "generated" / "scratch.fut").write_text("def x = 1\n")
+    assert gen.sources_problem(kernels) is None and "generated/scratch.fut" not in gen.kernel_sources(kernels)
+    manifest = gen.read_manifest(kernels)
+    manifest["kernel_sources"]["old.fut"] = "0" * 64
+    (kernels / "generated" / gen.MANIFEST).write_text(json.dumps(manifest))
+    assert "removed old.fut" in gen.sources_problem(kernels)
+
+
+def test_an_edited_or_missing_generated_file_is_caught(tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    header = kernels / "generated" / "multicore" / "microgpt.h"
+    header.write_bytes(header.read_bytes() + b"/* hand edit */\n")
+    assert "changed after it was generated" in gen.target_problem("multicore", kernels)
+    assert gen.target_problem("c", kernels) is None
+    (kernels / "generated" / "c" / "microgpt.c").unlink()
+    assert "microgpt.c is missing" in gen.target_problem("c", kernels)
+    (kernels / "generated" / gen.MANIFEST).unlink()
+    problem = gen.sources_problem(kernels)
+    assert "missing or unreadable" in problem and gen.REGENERATE_COMMAND in problem
+
+
+def test_check_command(capsys):
+    assert futhark_main(["--check"]) == 0
+    assert "matches the kernel sources" in capsys.readouterr().out
+
+
+def test_regenerate_command_without_a_compiler_says_so(clean_env, capsys):
+    assert futhark_main(["--regenerate"]) == 1
+    assert "Futhark compiler not found" in capsys.readouterr().err
+
+
+# Writes what `futhark <target> --library -o microgpt microgpt.fut` writes, from the sources.
+GENERATING_FUTHARK = """if [ "$1" = "--version" ]; then echo "Futhark 0.25.99"; exit 0; fi
+[ "$2 $3 $4 $5" = "--library -o microgpt microgpt.fut" ] || exit 9
+echo "/* $1 code of $(cat *.fut lib/*.fut 2>/dev/null | cksum) */" > microgpt.c
+echo "/* $1 header */" > microgpt.h
+echo '{"backend": "'$1'"}' > microgpt.json
+"""
+
+
+def test_regenerate_rewrites_every_target_and_the_manifest(clean_env, tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    edit_kernel(kernels)
+    (kernels / "lib").mkdir()
+    (kernels / "lib" / "extra.fut").write_text("def one = 1f32\n")
+    write_script(clean_env / "empty-bin", "futhark", GENERATING_FUTHARK)
+    said = []
+    manifest = gen.regenerate(ft.find_compiler(), kernels, say=said.append)
+    assert gen.check(kernels) == [] and gen.read_manifest(kernels) == manifest
+    assert manifest["futhark"] == "0.25.99" and set(manifest["kernel_sources"]) == {"microgpt.fut", "lib/extra.fut"}
+    for target in gen.TARGETS:
+        files = sorted(p.name for p in (kernels / "generated" / target).iterdir())
+        assert files == sorted(gen.GENERATED_FILES)
+        assert (kernels / "generated" / target / "microgpt.c").read_text().startswith(f"/* {target} code of ")
+    assert any("0.25.99" in line for line in said)
+
+
+def test_a_failed_regenerate_leaves_the_folder_as_it_was(clean_env, tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    edit_kernel(kernels)
+    before = {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()}
+    write_script(clean_env / "empty-bin", "futhark", """if [ "$1" = "--version" ]; then echo "Futhark 0.25.99"; exit 0; fi
+if [ "$1" = "cuda" ]; then echo "Error at microgpt.fut:1:1: no CUDA today" >&2; exit 1; fi
+echo "/* $1 */" > microgpt.c; echo > microgpt.h; echo "{}" > microgpt.json
+""")
+    with pytest.raises(BackendError, match=r"(?s)could not compile the kernels for the cuda backend.*no CUDA today"):
+        gen.regenerate(ft.find_compiler(), kernels, say=lambda line: None)
+    assert {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()} == before
+
+
+def test_the_package_ships_the_generated_folder():
+    """pyproject's package-data names every generated file (checked in a real wheel for the README)."""
+    import tomllib
+
+    data = tomllib.loads((gen.KERNEL_DIR.parent / "pyproject.toml").read_text())
+    patterns = data["tool"]["setuptools"]["package-data"]["kernels"]
+    shipped = {p.relative_to(gen.KERNEL_DIR).as_posix() for p in gen.generated_dir().rglob("*") if p.is_file()}
+    assert shipped == {f"generated/{t}/{n}" for t in gen.TARGETS for n in gen.GENERATED_FILES} | {"generated/manifest.json"}
+    assert all(any(Path(name).match(pattern) for pattern in patterns) for name in shipped)
+
+
+# -- the GPU backends' shipped C against the installed headers ---------------------
+
+# NVRTC's API as the generated code uses it (documented in NVIDIA's NVRTC guide),
+# for toolkits that ship cuda.h without nvrtc.h (as the CUDA headers here do).
+NVRTC_H = """#ifndef MICROGPT_STAND_IN_NVRTC_H
+#define MICROGPT_STAND_IN_NVRTC_H
+#include <stddef.h>
+typedef enum { NVRTC_SUCCESS = 0 } nvrtcResult;
+typedef struct _nvrtcProgram *nvrtcProgram;
+const char *nvrtcGetErrorString(nvrtcResult result);
+nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name, int numHeaders,
+                               const char *const *headers, const char *const *includeNames);
+nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog);
+nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions, const char *const *options);
+nvrtcResult nvrtcGetPTXSize(nvrtcProgram prog, size_t *ptxSizeRet);
+nvrtcResult nvrtcGetPTX(nvrtcProgram prog, char *ptx);
+nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram prog, size_t *logSizeRet);
+nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char *log);
+#endif
+"""
+
+
+def _compile_object(target: str, includes: list[Path], tmp_path: Path) -> None:
+    compiler = cc.find_c_compiler()
+    if compiler is None:
+        pytest.skip(cc.NO_C_COMPILER)
+    source = gen.generated_dir() / target / "microgpt.c"
+    cmd = [compiler.path, "-std=c99", "-O0", "-c", *(f"-I{d}" for d in includes), str(source),
+           "-o", str(tmp_path / f"{target}.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{ft.first_error_lines(result.stderr)}"
+    assert (tmp_path / f"{target}.o").stat().st_size > 0
+
+
+def test_shipped_cuda_code_compiles_against_the_cuda_headers(tmp_path):
+    root = ft.cuda_toolkit_root()
+    if root is None:
+        pytest.skip("no CUDA toolkit headers (cuda.h) here: CUDA_HOME, nvcc on PATH or /usr/local/cuda")
+    includes = [root / "include"]
+    if not (root / "include" / "nvrtc.h").is_file():
+        (tmp_path / "nvrtc.h").write_text(NVRTC_H)
+        includes.append(tmp_path)
+    _compile_object("cuda", includes, tmp_path)
+
+
+def test_shipped_opencl_code_compiles_against_the_opencl_headers(tmp_path):
+    roots = [root / "include"] if (root := ft.cuda_toolkit_root()) else []
+    found = [d for d in ft._include_dirs(os.environ, roots) if (d / "CL" / "cl.h").is_file()]
+    if not found:
+        pytest.skip("no OpenCL headers (CL/cl.h) here: apt install opencl-headers")
+    _compile_object("opencl", found[:1], tmp_path)
+
+
+# -- with a real Futhark compiler ----------------------------------------------------
+
+@requires_real_futhark
+def test_regenerating_reproduces_the_shipped_code(real_compiler, tmp_path):
+    """Same compiler version, same sources: the same bytes (checked for the c target;
+    all four were checked when the folder was made)."""
+    version = gen.read_manifest()["futhark"]
+    if real_compiler.version != version:
+        pytest.skip(f"the shipped code is from Futhark {version}, the compiler here is {real_compiler.version}")
+    with open(tmp_path / "log", "w") as log:
+        gen.generate(real_compiler, "c", gen.kernel_sources(), tmp_path, log)
+    for name in gen.GENERATED_FILES:
+        assert (tmp_path / name).read_bytes() == (gen.generated_dir() / "c" / name).read_bytes(), name
