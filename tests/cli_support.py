@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """PATH and a fresh HOME only; FUTHARK names no compiler, so every Futhark
-    backend is unavailable even where one is installed."""
+    """PATH and a fresh HOME only; FUTHARK names no compiler, so the Futhark
+    backends build from the shipped C (as for a user without Futhark)."""
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8",
            "MICROGPT_GUI_SETTINGS": str(home / "settings.ini"), "XDG_DATA_HOME": str(home / "data"),
            "FUTHARK": str(home / "no-futhark-here")}

@@ -111,7 +111,7 @@ def test_demo_checks_the_backend_before_loading_the_dataset(tmp_path):
     # a backend that exists but cannot run here: status 1, before the (missing) file is looked at
     cannot = run_main(["demo", "--backend", "futhark-cuda", "--data", str(tmp_path / "missing.txt")], tmp_path)
     assert cannot.returncode == 1 and cannot.stdout == ""
-    assert cannot.stderr.startswith("error: backend futhark-cuda cannot run here: FUTHARK=")
+    assert cannot.stderr.startswith("error: backend futhark-cuda cannot run here: ")
     assert cannot.stderr.count("\n") == 1
 
 
