@@ -232,25 +232,30 @@ class CharMap:
     first two principal components."""
 
     labels: tuple[str, ...]
-    points: np.ndarray     # (len(labels), 2) float64
-    explained: np.ndarray  # (2,) fraction of the variance along each axis
+    points: np.ndarray      # (len(labels), 2) float64
+    explained: np.ndarray   # (2,) fraction of the variance along each axis
     step: int
+    embeddings: np.ndarray = field(repr=False, default=None)  # (len(labels), C) the rows projected, centred
+    trails: np.ndarray = field(repr=False, default=None)      # (K, len(labels), 2) earlier embeddings, same axes
 
 
-def char_map(snap: Snapshot, previous: CharMap | None = None, cancel: CancelFn = None) -> CharMap:
+def char_map(snap: Snapshot, previous: CharMap | None = None, history=(), cancel: CancelFn = None) -> CharMap:
     """PCA of the character embeddings: centred, by SVD.
 
     A principal axis has no sign of its own, so each is oriented to agree with
     the previous map when one is given (the picture does not flip between
-    refreshes), else so that its largest coordinate is positive.
+    refreshes), else so that its largest coordinate is positive. `history`:
+    earlier maps' `embeddings`, projected on these same axes as `trails`, so a
+    character's path shows its own movement, not the axes turning.
     """
     _poll(cancel)
     x = np.asarray(snap.weights.wte[: snap.bos], dtype=np.float64)
     x = x - x.mean(axis=0)
-    u, s, _ = np.linalg.svd(x, full_matrices=False)
+    u, s, vt = np.linalg.svd(x, full_matrices=False)
     k = min(2, len(s))
-    points = np.zeros((len(x), 2))
-    points[:, :k] = u[:, :k] * s[:k]
+    axes = np.zeros((2, x.shape[1]))
+    axes[:k] = vt[:k]
+    points = x @ axes.T
     total = float((s**2).sum())
     explained = np.zeros(2)
     if total > 0:
@@ -262,7 +267,9 @@ def char_map(snap: Snapshot, previous: CharMap | None = None, cancel: CancelFn =
             flip = points[np.argmax(np.abs(points[:, axis])), axis] < 0
         if flip:
             points[:, axis] *= -1
-    return CharMap(snap.chars, points, explained, snap.step)
+            axes[axis] *= -1
+    trails = np.array([(e - e.mean(axis=0)) @ axes.T for e in history if np.shape(e) == x.shape]).reshape(-1, len(x), 2)
+    return CharMap(snap.chars, points, explained, snap.step, x, trails)
 
 
 def group_spread(cmap: CharMap, members) -> float:

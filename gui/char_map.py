@@ -1,12 +1,14 @@
 """The character map: every character's embedding (a wte row) projected to
 2-D by PCA, one labelled point per character, refreshed as training goes on.
 Vowels are drawn in red; faint trails show where each character has been
-over the last refreshes, so the vowels' drift towards each other is visible.
+over the last refreshes (its earlier embeddings seen on today's axes), so
+the vowels' drift towards each other is visible.
 The projection comes from engine.inspect through an InspectHub.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pyqtgraph as pg
@@ -35,7 +37,7 @@ class CharMapPanel(QWidget):
         super().__init__(parent, objectName="charMapPanel")
         self.hub = hub
         self.char_map: ins.CharMap | None = None
-        self.history: list[np.ndarray] = []  # earlier points, oldest first (trails)
+        self.history: list[np.ndarray] = []  # earlier maps' embeddings, oldest first (trails)
         self._stale = True
 
         self.plot = plot_widget("charMapPlot", "Each character's embedding projected on its first two "
@@ -82,7 +84,12 @@ class CharMapPanel(QWidget):
             self._stale = True
             return
         self._stale = False
-        self.hub.request(CHAR_MAP_KEY, ins.char_map, self.char_map, refresh=True)
+        self.hub.request(CHAR_MAP_KEY, ins.char_map, self.char_map, self._trail_history(), refresh=True)
+
+    def _trail_history(self) -> list[np.ndarray]:
+        """The embeddings the next map draws trails through: the earlier ones and the one shown."""
+        shown = [self.char_map.embeddings] if self.char_map is not None else []
+        return [*self.history, *shown][-TRAIL_LENGTH:]
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
@@ -102,8 +109,9 @@ class CharMapPanel(QWidget):
         previous = self.char_map
         if previous is not None and (previous.labels != result.labels or result.step < previous.step):
             self.history.clear()  # another run: its trails would mean nothing here
+            result = replace(result, trails=result.trails[:0])
         elif previous is not None and result.step != previous.step:
-            self.history = [*self.history, previous.points][-TRAIL_LENGTH:]
+            self.history = self._trail_history()
         self.char_map = result
         self._draw()
         self.mapShown.emit(result)
@@ -144,9 +152,9 @@ class CharMapPanel(QWidget):
             self.plot.removeItem(curve)
         self.trail_curves = []
         m = self.char_map
-        if m is None or not self.trails_check.isChecked() or not self.history:
+        if m is None or not self.trails_check.isChecked() or not len(m.trails):
             return
-        path = np.stack([*self.history, m.points])  # (refreshes, characters, 2)
+        path = np.concatenate([m.trails, m.points[None]])  # (refreshes, characters, 2), oldest first
         for i, label in enumerate(m.labels):
             color = VOWEL_COLOR if is_vowel(label) else OTHER_COLOR
             curve = pg.PlotCurveItem(path[:, i, 0], path[:, i, 1], pen=pg.mkPen(*color, 60, width=1.5))
@@ -155,6 +163,8 @@ class CharMapPanel(QWidget):
 
     def clear_trails(self) -> None:
         self.history = []
+        if self.char_map is not None:
+            self.char_map = replace(self.char_map, trails=self.char_map.trails[:0])
         self._draw_trails()
 
     def clear(self) -> None:

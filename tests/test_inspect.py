@@ -225,6 +225,20 @@ def test_char_map_keeps_the_previous_orientation(snap):
     np.testing.assert_allclose(again.points, flipped.points, atol=1e-9)
 
 
+def test_trails_project_earlier_embeddings_on_todays_axes(trained, snap):
+    earlier = engine.open_backend("numpy", trained.model, trained.train_config, trained.corpus)  # step 0
+    before = ins.char_map(ins.Snapshot.from_backend(earlier))
+    old = earlier.get_params()["wte"].astype(np.float64)[: trained.corpus.bos]
+    earlier.close()
+    got = ins.char_map(snap, history=[before.embeddings, np.zeros((3, 8))])  # a mismatch is left out
+    now = trained.get_params()["wte"].astype(np.float64)[: trained.corpus.bos]
+    _, _, vt = np.linalg.svd(now - now.mean(axis=0))
+    signs = np.sign(np.sum(got.points * ((now - now.mean(axis=0)) @ vt[:2].T), axis=0))
+    axes = vt[:2] * signs[:, None]  # today's axes, oriented as the map shows them
+    assert got.trails.shape == (1, len(now), 2)
+    np.testing.assert_allclose(got.trails[0], (old - old.mean(axis=0)) @ axes.T, atol=1e-6)
+
+
 def test_group_spread_is_mean_distance_within_over_mean_distance_overall():
     points = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 3.0], [4.0, 4.0]])
     cmap = ins.CharMap(("a", "b", "e", "z"), points, np.zeros(2), 0)

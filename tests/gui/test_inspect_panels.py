@@ -174,8 +174,14 @@ def test_char_map_has_one_labelled_point_per_character_and_marks_vowels(qtbot, h
         hub.set_snapshot(ins.Snapshot.from_backend(later))
     later.close()
     assert len(panel.history) == 1 and len(panel.trail_curves) == len(chars)  # where each point came from
+    trail_x, trail_y = panel.trail_curves[0].getData()  # from the earlier embedding to today's point
+    np.testing.assert_allclose([trail_x[0], trail_y[0]], panel.char_map.trails[0, 0])
+    np.testing.assert_allclose([trail_x[-1], trail_y[-1]], panel.char_map.points[0])
     panel.trails_check.setChecked(False)
     assert not panel.trail_curves
+    panel.trails_check.setChecked(True)
+    panel.clear_trails_button.click()
+    assert not panel.trail_curves and not panel.history
 
 
 def test_hidden_panels_wait_until_shown_and_the_hub_knows(qtbot, hub, snap):
@@ -183,7 +189,7 @@ def test_hidden_panels_wait_until_shown_and_the_hub_knows(qtbot, hub, snap):
     qtbot.addWidget(panel)
     assert not hub.wants_snapshots
     hub.set_snapshot(snap)
-    assert panel.char_map is None and not hub.worker.is_busy()  # nothing computed while hidden
+    assert panel.char_map is None and not hub.is_busy()  # nothing computed while hidden
     with qtbot.waitSignal(panel.mapShown, timeout=5000):
         panel.show()
     assert hub.wants_snapshots
