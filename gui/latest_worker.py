@@ -8,16 +8,23 @@ wins. `refresh` (new parameters after a training chunk) only replaces a
 request that has not started yet and lets a running one finish, so steady
 refreshes never starve a slow computation. Results come back as signals in
 the GUI thread.
+
+A worker made with yield_to=another waits at each of its requests' cancel
+polls while the other one is busy: a long computation steps aside for a
+quick one (they would otherwise share the GIL and the BLAS threads).
 """
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, Signal
 
 import engine
+
+YIELD_POLL_S = 0.002
 
 
 @dataclass
@@ -39,8 +46,9 @@ class LatestRequestWorker(QObject):
     failed = Signal(str, str)          # key, message (the newest request raised)
     _finished = Signal(str, int, object, str)  # from the thread: key, generation, result, error
 
-    def __init__(self, parent=None, name: str = "inspect"):
+    def __init__(self, parent=None, name: str = "inspect", yield_to: "LatestRequestWorker | None" = None):
         super().__init__(parent)
+        self._yield_to = yield_to
         self._cond = threading.Condition()
         self._pending: dict[str, _Request] = {}  # not started yet, oldest first
         self._floor: dict[str, int] = {}  # a key's results below this generation are dropped
@@ -114,7 +122,7 @@ class LatestRequestWorker(QObject):
                 request = self._running = self._pending.pop(key)
             result, error = None, ""
             try:
-                result = request.fn(*request.args, cancel=lambda r=request: self._stale(r))
+                result = request.fn(*request.args, cancel=lambda r=request: self._poll(r))
             except engine.Cancelled:
                 error = None
             except Exception as exc:  # reported to the panel that asked, never raised here
@@ -126,6 +134,12 @@ class LatestRequestWorker(QObject):
                     self._finished.emit(request.key, request.generation, result, error)
                 except RuntimeError:  # the Qt object went away meanwhile
                     return
+
+    def _poll(self, request: _Request) -> bool:
+        """The cancel callable of a running request: True when it is superseded."""
+        while self._yield_to is not None and self._yield_to.is_busy() and not self._stale(request):
+            time.sleep(YIELD_POLL_S)
+        return self._stale(request)
 
     def _stale(self, request: _Request) -> bool:
         return self._closing or request.generation < self._floor.get(request.key, 0)

@@ -8,9 +8,12 @@ sampleRequested and the names come back through show_samples.
 """
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QDoubleSpinBox, QGridLayout, QHBoxLayout, QLabel,
                                QLineEdit, QListWidget, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
@@ -20,6 +23,8 @@ from .inspect_hub import InspectHub
 from .controls import buddy, plot_widget
 
 NEXT_KEY, COMPLETIONS_KEY = "nextchar", "completions"
+COMPLETIONS_DELAY_MS = 150  # beam search starts once typing pauses this long (the bars do not wait)
+COMPLETIONS_REFRESH_S = 1.0  # during training, new parameters re-run the search at most this often
 BAR_BRUSH, END_BRUSH = pg.mkBrush(20, 70, 170), pg.mkBrush(200, 60, 60)
 
 
@@ -36,6 +41,9 @@ class NextCharPanel(QWidget):
         self.completions: list[ins.Completion] = []
         self._order: list[int] = []
         self._stale = True  # the shown results predate the newest snapshot or input
+        self._completions_requested = -math.inf
+        self._completions_timer = QTimer(self, singleShot=True, interval=COMPLETIONS_DELAY_MS)
+        self._completions_timer.timeout.connect(self._request_completions)
 
         self.prefix_edit = QLineEdit(objectName="prefixEdit", placeholderText="type the start of a name")
         self.prefix_edit.setToolTip("The start of a name: the bars show what the model expects next "
@@ -113,7 +121,7 @@ class NextCharPanel(QWidget):
 
         self.prefix_edit.textChanged.connect(self.request)
         self.temperature_spin.valueChanged.connect(self.request)
-        self.width_spin.valueChanged.connect(self._request_completions)
+        self.width_spin.valueChanged.connect(self._completions_timer.start)
         self.sort_check.toggled.connect(self._draw_bars)
         self.sample_button.clicked.connect(self._request_samples)
         for listing in (self.completions_list, self.samples_list):
@@ -147,12 +155,19 @@ class NextCharPanel(QWidget):
             self._stale = True  # computed when shown
             return
         self._stale = False
-        if self.hub.request(NEXT_KEY, ins.next_char, self.prefix, self.temperature, refresh=refresh):
-            self._request_completions(refresh=refresh)
+        if not self.hub.request(NEXT_KEY, ins.next_char, self.prefix, self.temperature, refresh=refresh):
+            return
+        if refresh:
+            if time.monotonic() - self._completions_requested >= COMPLETIONS_REFRESH_S:
+                self._request_completions(refresh=True)
+        else:  # typing: drop the search for the old prefix now, start the new one when typing pauses
+            self.hub.cancel(COMPLETIONS_KEY)
+            self._completions_timer.start()
 
     def _request_completions(self, *_, refresh: bool = False) -> None:
+        self._completions_requested = time.monotonic()
         self.hub.request(COMPLETIONS_KEY, ins.complete, self.prefix, self.width_spin.value(), self.temperature,
-                         refresh=refresh)
+                         refresh=refresh, slow=True)
 
     def _request_samples(self) -> None:
         seed = self.seed_spin.value()

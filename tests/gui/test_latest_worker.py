@@ -94,3 +94,31 @@ def test_close_stops_a_running_request(worker):
     assert started.wait(5)
     assert worker.close(timeout_s=1.0)
     assert worker.submit("x", lambda cancel: 2) == 0  # closed: nothing more runs
+
+
+def test_a_slow_worker_steps_aside_while_the_quick_one_is_busy(qtbot, worker):
+    slow = LatestRequestWorker(yield_to=worker)
+    quick_started, quick_release = threading.Event(), threading.Event()
+    polls_while_quick_ran = []
+
+    def quick(cancel):
+        quick_started.set()
+        quick_release.wait(5)
+        return "bars"
+
+    def search(cancel):
+        assert quick_started.wait(5)
+        cancel()  # a poll: returns only once the quick worker is idle
+        polls_while_quick_ran.append(quick_release.is_set())
+        return "beams"
+
+    delivered = []
+    slow.resultReady.connect(lambda key, value: delivered.append(value))
+    worker.submit("bars", quick)
+    slow.submit("beams", search)
+    qtbot.wait(50)
+    assert delivered == []  # waiting for the quick one
+    quick_release.set()
+    qtbot.waitUntil(lambda: delivered == ["beams"], timeout=5000)
+    assert polls_while_quick_ran == [True]
+    assert slow.close()
