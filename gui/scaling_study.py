@@ -52,14 +52,18 @@ def _short(value: float) -> str:
 
 
 class _StudyRun(QObject):
-    """One study in a daemon thread; reports by signals (queued to the GUI thread)."""
+    """One study in a daemon thread; reports by signals (queued to the GUI thread).
+
+    It is a child of the dialog and deleted with deleteLater once done: were
+    the thread to drop the last reference, Qt would delete it from the wrong
+    thread (a crash at exit)."""
 
     row = Signal(object)            # a BenchResult: measured, skipped or failed
     started = Signal(str, str, int, int)  # backend, preset, index of the job, number of jobs
     done = Signal(bool)             # True when it was cancelled
 
-    def __init__(self, backends, presets, measure, availability, seconds):
-        super().__init__()
+    def __init__(self, backends, presets, measure, availability, seconds, parent):
+        super().__init__(parent)
         self.cancelled = threading.Event()
         self._args = (list(backends), list(presets), measure, availability, seconds)
         self._thread = threading.Thread(target=self._run, name="scaling-study", daemon=True)
@@ -241,7 +245,7 @@ class ScalingStudyDialog(QDialog):
             self.status.setText("Tick at least one backend and one preset.")
             return False
         self.clear()
-        self._run = _StudyRun(backends, presets, self.measure, self.availability, self.seconds)
+        self._run = _StudyRun(backends, presets, self.measure, self.availability, self.seconds, self)
         self._run.row.connect(self._on_row)
         self._run.started.connect(self._on_started)
         self._run.done.connect(self._on_done)
@@ -283,6 +287,7 @@ class ScalingStudyDialog(QDialog):
     def _on_done(self, cancelled: bool) -> None:
         if self.sender() is not self._run:
             return
+        self._run.deleteLater()
         self._run = None
         self._set_running(False)
         measured = sum(r.status == "ok" for r in self.results)
