@@ -105,6 +105,11 @@ class AttentionPanel(QWidget):
             self._stale = True
             return
         self._stale = False
+        if not self.text:
+            self.hub.cancel(ATTENTION_KEY)
+            self.clear()
+            self.info.setText("Type a name, or double-click a sample, to see how its positions attend.")
+            return
         self.hub.request(ATTENTION_KEY, ins.attention, self.text, refresh=refresh)
 
     def showEvent(self, event) -> None:

@@ -141,6 +141,10 @@ def test_attention_view_shows_the_chosen_layer_and_head(qtbot, hub, snap):
         lower = np.tril_indices(5)
         np.testing.assert_allclose(shown[lower], want[layer, head][lower])
         assert np.isnan(shown[np.triu_indices(5, 1)]).all()  # drawn blank
+    panel.set_text("")  # nothing to show, and says so
+    assert panel.shown_matrix() is None and "Type a name" in panel.info.text()
+    with qtbot.waitSignal(panel.mapsShown, timeout=5000):
+        panel.set_text("emma")
     ticks = panel.plot.getPlotItem().getAxis("bottom")._tickLevels[0]
     assert [label for _, label in ticks] == ["start", "e", "m", "m", "a"]
 
@@ -196,19 +200,26 @@ def test_hidden_panels_wait_until_shown_and_the_hub_knows(qtbot, hub, snap):
 
 
 def test_every_control_has_an_object_name_and_a_tooltip(qtbot, hub):
-    from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget
+    from PySide6.QtWidgets import (QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget,
+                                   QTableWidget)
     import pyqtgraph as pg
+    from gui.run_list import RunListPanel
+    from gui.scaling_study import ScalingStudyDialog
 
-    panels = [NextCharPanel(hub), AttentionPanel(hub), CharMapPanel(hub)]
+    study = ScalingStudyDialog(availability=lambda names: {n: (True, "") for n in names}, backends=["numpy"])
+    panels = [NextCharPanel(hub), AttentionPanel(hub), CharMapPanel(hub), RunListPanel(), study]
     names = set()
     for panel in panels:
         qtbot.addWidget(panel)
-        for kind in (QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget, pg.PlotWidget):
+        for kind in (QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget, QTableWidget,
+                     pg.PlotWidget):
             for control in panel.findChildren(kind):
-                if isinstance(control.parent(), (QAbstractSpinBox, QComboBox, QLineEdit)):
-                    continue  # a spin box's own line edit, a line edit's clear button
+                if isinstance(control.parent(), (QAbstractSpinBox, QComboBox, QLineEdit, QTableWidget)):
+                    continue  # a spin box's own line edit, a line edit's clear button, a table's corner
                 assert control.objectName(), control
                 assert control.toolTip(), control.objectName()
                 names.add(control.objectName())
     assert {"prefixEdit", "nextCharPlot", "completionsList", "beamWidthSpin", "prefixSampleButton",
-            "attentionView", "attentionLayerCombo", "attentionHeadCombo", "charMapPlot"} <= names
+            "attentionView", "attentionLayerCombo", "attentionHeadCombo", "charMapPlot", "runList",
+            "runOverlayPlot", "runXAxisCombo", "scalingPlot", "scalingTable", "scalingRunButton",
+            "scalingCancelButton"} <= names
