@@ -121,7 +121,7 @@ class NextCharPanel(QWidget):
 
         self.prefix_edit.textChanged.connect(self.request)
         self.temperature_spin.valueChanged.connect(self.request)
-        self.width_spin.valueChanged.connect(self._completions_timer.start)
+        self.width_spin.valueChanged.connect(lambda *_: self._completions_timer.start())  # not start(msec)
         self.sort_check.toggled.connect(self._draw_bars)
         self.sample_button.clicked.connect(self._request_samples)
         for listing in (self.completions_list, self.samples_list):

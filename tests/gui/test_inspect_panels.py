@@ -11,7 +11,7 @@ from engine import inspect as ins
 from gui.attention_view import AttentionPanel
 from gui.char_map import CharMapPanel, VOWEL_COLOR, OTHER_COLOR
 from gui.inspect_hub import InspectHub
-from gui.next_char_panel import NextCharPanel
+from gui.next_char_panel import COMPLETIONS_DELAY_MS, NextCharPanel
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,10 @@ def test_completions_list_the_engines_beam_search(qtbot, hub, snap):
     with qtbot.waitSignal(panel.nameActivated) as activated:
         panel.completions_list.itemActivated.emit(items[1])
     assert activated.args == [want[1].text]
+    with qtbot.waitSignal(panel.completionsShown, check_params_cb=lambda c: len(c) == 7, timeout=5000):
+        panel.width_spin.setValue(7)  # a wider beam: searched again once the spinning pauses
+    assert [c.text for c in panel.completions] == [c.text for c in ins.complete(snap, "a", 7, panel.temperature)]
+    assert panel._completions_timer.interval() == COMPLETIONS_DELAY_MS
 
 
 def test_sample_from_the_prefix_asks_with_the_panels_settings(qtbot, hub, snap, backend):
