@@ -227,6 +227,7 @@ class ScalingStudyDialog(QDialog):
                 item.setCheckState(Qt.Checked if item.text() in names else Qt.Unchecked)
 
     def _show_availability(self, key: str, status: dict) -> None:
+        self._checker.close(0)  # its one job is done
         for i in range(self.backend_list.count()):
             item = self.backend_list.item(i)
             available, reason = status.get(item.text(), (True, ""))

@@ -122,3 +122,19 @@ def test_a_slow_worker_steps_aside_while_the_quick_one_is_busy(qtbot, worker):
     qtbot.waitUntil(lambda: delivered == ["beams"], timeout=5000)
     assert polls_while_quick_ran == [True]
     assert slow.close()
+
+
+def test_deleting_the_qt_object_ends_the_thread():
+    """The thread holds no strong reference to the worker: when its owner deletes
+    it, the thread ends instead of outliving it (and Qt never deletes the object
+    from the worker's thread)."""
+    import shiboken6
+    from PySide6.QtCore import QObject
+
+    owner = QObject()
+    worker = LatestRequestWorker(owner)
+    thread = worker._thread
+    del worker
+    shiboken6.delete(owner)
+    thread.join(2)
+    assert not thread.is_alive()
