@@ -39,11 +39,15 @@ class NextCharPanel(QWidget):
         self.hub = hub
         self.distribution: ins.NextChar | None = None
         self.completions: list[ins.Completion] = []
+        self.completions_step: int | None = None  # the parameters' step the completions come from
         self._order: list[int] = []
         self._stale = True  # the shown results predate the newest snapshot or input
         self._completions_requested = -math.inf
         self._completions_timer = QTimer(self, singleShot=True, interval=COMPLETIONS_DELAY_MS)
         self._completions_timer.timeout.connect(self._request_completions)
+        # during training: the newest parameters' search, once the last one is a second old
+        self._completions_refresh_timer = QTimer(self, singleShot=True)
+        self._completions_refresh_timer.timeout.connect(lambda: self._request_completions(refresh=True))
 
         self.prefix_edit = QLineEdit(objectName="prefixEdit", placeholderText="type the start of a name")
         self.prefix_edit.setToolTip("The start of a name: the bars show what the model expects next "
@@ -100,7 +104,8 @@ class NextCharPanel(QWidget):
         sampling.addWidget(self.sample_button)
         sampling.addStretch(1)
         lists = QGridLayout()
-        lists.addWidget(QLabel("<b>Most likely completions</b>"), 0, 0)
+        self.completions_title = QLabel("<b>Most likely completions</b>")
+        lists.addWidget(self.completions_title, 0, 0)
         lists.addWidget(QLabel("<b>Sampled from the prefix</b>"), 0, 1)
         lists.addLayout(completions, 1, 0)
         lists.addLayout(sampling, 1, 1)
@@ -158,15 +163,19 @@ class NextCharPanel(QWidget):
         if not self.hub.request(NEXT_KEY, ins.next_char, self.prefix, self.temperature, refresh=refresh):
             return
         if refresh:
-            if time.monotonic() - self._completions_requested >= COMPLETIONS_REFRESH_S:
+            wait_s = COMPLETIONS_REFRESH_S - (time.monotonic() - self._completions_requested)
+            if wait_s <= 0:
                 self._request_completions(refresh=True)
+            elif not self._completions_refresh_timer.isActive():
+                self._completions_refresh_timer.start(int(1000 * wait_s) + 1)
         else:  # typing: drop the search for the old prefix now, start the new one when typing pauses
             self.hub.cancel(COMPLETIONS_KEY)
             self._completions_timer.start()
 
     def _request_completions(self, *_, refresh: bool = False) -> None:
         self._completions_requested = time.monotonic()
-        self.hub.request(COMPLETIONS_KEY, ins.complete, self.prefix, self.width_spin.value(), self.temperature,
+        self._completions_refresh_timer.stop()
+        self.hub.request(COMPLETIONS_KEY, _complete_at_step, self.prefix, self.width_spin.value(), self.temperature,
                          refresh=refresh, slow=True)
 
     def _request_samples(self) -> None:
@@ -196,7 +205,9 @@ class NextCharPanel(QWidget):
             self._draw_bars()
             self.distributionShown.emit(result)
         elif key == COMPLETIONS_KEY:
+            self.completions_step, result = result
             self.completions = result
+            self.completions_title.setText(f"<b>Most likely completions</b> (step {self.completions_step:,})")
             self.completions_list.clear()
             for c in result:
                 self._add_name(self.completions_list, f"{c.text:<16} {100 * c.prob:7.3f}%{'' if c.ended else ' (cut)'}",
@@ -232,7 +243,8 @@ class NextCharPanel(QWidget):
             self._add_name(self.samples_list, name, name)
 
     def clear(self) -> None:
-        self.distribution, self.completions, self._order = None, [], []
+        self.distribution, self.completions, self.completions_step, self._order = None, [], None, []
+        self.completions_title.setText("<b>Most likely completions</b>")
         self.bars.setOpts(x=[], height=[])
         for listing in (self.completions_list, self.samples_list):
             listing.clear()
@@ -252,3 +264,8 @@ class NextCharPanel(QWidget):
             i = self._order[x]
             label = d.labels[i] if i < len(d.labels) - 1 else "end (the name ends)"
             self.readout.setText(f"'{d.prefix}' + {label}: {100 * d.probs[i]:.2f}%")
+
+
+def _complete_at_step(snap: ins.Snapshot, *args, cancel=None) -> tuple[int, list[ins.Completion]]:
+    """engine.inspect.complete, with the step of the parameters it searched."""
+    return snap.step, ins.complete(snap, *args, cancel=cancel)

@@ -127,6 +127,9 @@ def test_a_new_snapshot_refreshes_the_bars_and_reset_clears_them(qtbot, hub, sna
         hub.set_snapshot(newer)
     np.testing.assert_allclose(panel.bar_heights()[1], ins.next_char(newer, "l", panel.temperature).probs[
         ins.next_char(newer, "l", panel.temperature).ranked()])
+    # the completions follow too: at most once a second, but the newest parameters always get their turn
+    qtbot.waitUntil(lambda: panel.completions_step == 100, timeout=5000)
+    assert [c.text for c in panel.completions] == [c.text for c in ins.complete(newer, "l", 5, panel.temperature)]
     hub.set_snapshot(None)
     assert panel.bar_heights()[1].size == 0 and not panel.sample_button.isEnabled()
 
