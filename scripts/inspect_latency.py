@@ -39,6 +39,7 @@ def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
     import gui  # noqa: F401  (PySide6 6.12 workaround before any Qt call)
+    import shiboken6
     from PySide6.QtCore import QEventLoop, QObject, Qt, QTimer, Signal
     from PySide6.QtTest import QTest
     from PySide6.QtWidgets import QApplication, QTabWidget
@@ -167,6 +168,8 @@ def main() -> int:
     print(f"load at the end {os.getloadavg()[0]:.1f}")
     hub.close()
     backend.close()
+    tabs.close()
+    shiboken6.delete(tabs)  # before the QApplication goes: Python frees locals in no set order
     return 0
 
 

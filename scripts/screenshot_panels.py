@@ -39,6 +39,7 @@ def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
     import gui  # noqa: F401  (PySide6 6.12 workaround before any Qt call)
+    import shiboken6
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -96,16 +97,20 @@ def main() -> int:
         return backend, record
 
     backend, first_run = train("tiny", "run 1", feed=True)
-    names = backend.sample(8, next_char.temperature, seed=1, prefix="ma")
-    next_char.show_samples(names, backend.step)
-    settle(1.0)  # the last beam search
+    # "Sample from this prefix", routed to Backend.sample as the window does
+    next_char.sampleRequested.connect(lambda prefix, n, temperature, seed: next_char.show_samples(
+        backend.sample(n, temperature, seed, prefix=prefix), backend.step))
+    next_char.sample_button.click()
+    settle(1.5)  # the last beam search (at most a second after the one before)
     save(next_char, "next_char.png")
     attention.select(0, 2)
     save(attention, "attention.png")
     save(char_map, "char_map.png")
     backend.close()
 
+    windows = [next_char, attention, char_map]
     runs = RunListPanel()
+    windows.append(runs)
     runs.resize(820, 560)
     runs.show()
     runs.add_run(first_run)
@@ -126,7 +131,11 @@ def main() -> int:
         loop.exec()
         study.run_button.setFocus()  # no focus frame in the table
         save(study, "scaling_study.png")
+        windows.append(study)
     hub.close()
+    for window in windows:  # before the QApplication goes: Python frees locals in no set order
+        window.close()
+        shiboken6.delete(window)
     return 0
 
 
