@@ -1,0 +1,79 @@
+"""A record of one training run for comparing runs: its configuration, every
+step's loss and the wall-clock time each step took. Qt-free; the window keeps
+one per run of the session (trained, stopped or loaded from a checkpoint).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import PRESETS, ModelConfig, TrainConfig
+
+CUSTOM = "custom"
+
+
+def preset_name(model: ModelConfig) -> str:
+    """The preset whose network this is, or "custom"."""
+    return next((name for name, preset in PRESETS.items() if preset.model == model), CUSTOM)
+
+
+@dataclass(eq=False)
+class RunRecord:
+    """One run's losses and step times, grown chunk by chunk as they arrive.
+
+    step_seconds[i] is the wall-clock time step i took (a chunk's time shared
+    evenly among its steps), NaN where unknown (steps loaded from a checkpoint).
+    """
+
+    name: str
+    backend: str
+    model: ModelConfig
+    train: TrainConfig
+    status: str = "running"  # "running", "finished", "stopped", "diverged", "loaded"
+    steps: int = field(default=0, init=False)
+    _losses: np.ndarray = field(default_factory=lambda: np.empty(256, dtype=np.float32), init=False, repr=False)
+    _step_seconds: np.ndarray = field(default_factory=lambda: np.empty(256), init=False, repr=False)
+
+    @property
+    def preset(self) -> str:
+        return preset_name(self.model)
+
+    @property
+    def losses(self) -> np.ndarray:
+        return self._losses[: self.steps]
+
+    @property
+    def step_seconds(self) -> np.ndarray:
+        return self._step_seconds[: self.steps]
+
+    def extend(self, losses, first_step: int, seconds: float | None = None) -> None:
+        """Add the losses of steps first_step, first_step + 1, ... that took `seconds`
+        together (None: unknown). A first_step before the end rewinds the record."""
+        if not 0 <= first_step <= self.steps:
+            raise ValueError(f"losses from step {first_step} cannot follow step {self.steps}")
+        losses = np.asarray(losses, dtype=np.float32).reshape(-1)
+        end = first_step + len(losses)
+        if end > len(self._losses):
+            size = max(end, 2 * len(self._losses))
+            for name in ("_losses", "_step_seconds"):
+                old = getattr(self, name)
+                grown = np.empty(size, dtype=old.dtype)
+                grown[: first_step] = old[: first_step]
+                setattr(self, name, grown)
+        self._losses[first_step:end] = losses
+        per_step = np.nan if seconds is None or not len(losses) else seconds / len(losses)
+        self._step_seconds[first_step:end] = per_step
+        self.steps = end
+
+    def wall_seconds(self) -> np.ndarray:
+        """Training time up to the end of each step (pauses excluded), NaN where unknown."""
+        per_step = self.step_seconds
+        total = np.cumsum(np.nan_to_num(per_step, nan=0.0))
+        return np.where(np.isnan(per_step), np.nan, total)
+
+    @property
+    def ms_per_step(self) -> float:
+        """Mean wall-clock milliseconds per timed step; NaN when no step was timed."""
+        timed = self.step_seconds[~np.isnan(self.step_seconds)]
+        return float(1e3 * timed.mean()) if len(timed) else float("nan")

@@ -1,0 +1,176 @@
+"""The character map: every character's embedding (a wte row) projected to
+2-D by PCA, one labelled point per character, refreshed as training goes on.
+Vowels are drawn in red; faint trails show where each character has been
+over the last refreshes (its earlier embeddings seen on today's axes), so
+the vowels' drift towards each other is visible.
+The projection comes from engine.inspect through an InspectHub.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from engine import inspect as ins
+
+from .controls import plot_widget
+from .inspect_hub import InspectHub
+
+CHAR_MAP_KEY = "charmap"
+TRAIL_LENGTH = 15  # refreshes remembered per character
+VOWEL_COLOR, OTHER_COLOR = (200, 40, 40), (30, 60, 140)
+
+
+def is_vowel(label: str) -> bool:
+    return label.lower() in ins.VOWELS
+
+
+class CharMapPanel(QWidget):
+    mapShown = Signal(object)  # the engine.inspect.CharMap now drawn
+
+    def __init__(self, hub: InspectHub, parent=None):
+        super().__init__(parent, objectName="charMapPanel")
+        self.hub = hub
+        self.char_map: ins.CharMap | None = None
+        self.history: list[np.ndarray] = []  # earlier maps' embeddings, oldest first (trails)
+        self._stale = True
+
+        self.plot = plot_widget("charMapPlot", "Each character's embedding projected on its first two "
+                                "principal components; vowels in red. Characters the model treats alike "
+                                "end up close together.")
+        item = self.plot.getPlotItem()
+        item.setLabel("bottom", "principal component 1")
+        item.setLabel("left", "principal component 2")
+        item.getViewBox().setAspectLocked(True)  # distances on screen are distances in the projection
+        item.setMenuEnabled(False)
+        for side in ("bottom", "left"):
+            item.getAxis(side).enableAutoSIPrefix(False)
+        self.scatter = pg.ScatterPlotItem(size=7, pen=None)
+        item.addItem(self.scatter)
+        self.labels: list[pg.TextItem] = []
+        self.trail_curves: list[pg.PlotCurveItem] = []
+        self.trails_check = QCheckBox("Show t&rails", objectName="charMapTrailsCheck", checked=True)
+        self.trails_check.setToolTip(f"Faint lines through each character's last {TRAIL_LENGTH} positions")
+        self.clear_trails_button = QPushButton("&Clear trails", objectName="charMapClearTrailsButton")
+        self.clear_trails_button.setToolTip("Forget the earlier positions; trails start again from here")
+        self.info = QLabel(" ", objectName="charMapInfo", wordWrap=True)
+
+        controls = QHBoxLayout()
+        controls.addWidget(self.trails_check)
+        controls.addWidget(self.clear_trails_button)
+        controls.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.plot, 1)
+        layout.addLayout(controls)
+        layout.addWidget(self.info)
+
+        self.trails_check.toggled.connect(self._draw_trails)
+        self.clear_trails_button.clicked.connect(self.clear_trails)
+        hub.register(self)
+        hub.snapshotChanged.connect(self._on_snapshot)
+        hub.resultReady.connect(self._on_result)
+        hub.failed.connect(self._on_failed)
+        self._on_snapshot(hub.snapshot)
+
+    def refresh(self, *_) -> None:
+        """Project the hub's current snapshot (oriented like the map now shown);
+        while hidden, only remember to do it when shown."""
+        if not self.isVisible():
+            self._stale = True
+            return
+        self._stale = False
+        self.hub.request(CHAR_MAP_KEY, ins.char_map, self.char_map, self._trail_history(), refresh=True)
+
+    def _trail_history(self) -> list[np.ndarray]:
+        """The embeddings the next map draws trails through: the earlier ones and the one shown."""
+        shown = [self.char_map.embeddings] if self.char_map is not None else []
+        return [*self.history, *shown][-TRAIL_LENGTH:]
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._stale:
+            self.refresh()
+
+    def _on_snapshot(self, snapshot) -> None:
+        if snapshot is None:
+            self.clear()
+            self.info.setText("Train a model or load a checkpoint to see its character map.")
+            return
+        self.refresh()
+
+    def _on_result(self, key: str, result) -> None:
+        if key != CHAR_MAP_KEY:
+            return
+        previous = self.char_map
+        if previous is not None and (previous.labels != result.labels or result.step < previous.step):
+            self.history.clear()  # another run: its trails would mean nothing here
+            result = replace(result, trails=result.trails[:0])
+        elif previous is not None and result.step != previous.step:
+            self.history = self._trail_history()
+        self.char_map = result
+        self._draw()
+        self.mapShown.emit(result)
+
+    def _on_failed(self, key: str, message: str) -> None:
+        if key == CHAR_MAP_KEY:
+            self.info.setText(f"<span style='color:#b00020'>{message}</span>")
+
+    def _draw(self) -> None:
+        m = self.char_map
+        vowel = [is_vowel(label) for label in m.labels]
+        colors = [VOWEL_COLOR if v else OTHER_COLOR for v in vowel]
+        self.scatter.setData(pos=m.points, brush=[pg.mkBrush(*c) for c in colors],
+                             size=[9 if v else 6 for v in vowel], data=list(m.labels))
+        if [label.toPlainText() for label in self.labels] != list(m.labels):
+            for label in self.labels:
+                self.plot.removeItem(label)
+            self.labels = []
+            for text, v, color in zip(m.labels, vowel, colors):
+                label = pg.TextItem(text, color=color, anchor=(-0.15, 0.9))
+                font = QFont()
+                font.setPointSize(12 if v else 10)
+                font.setBold(v)
+                label.setFont(font)
+                self.plot.addItem(label)
+                self.labels.append(label)
+        for label, (x, y) in zip(self.labels, m.points):
+            label.setPos(float(x), float(y))
+        self._draw_trails()
+        spread = ins.group_spread(m, ins.VOWELS)
+        vowels = ("" if math.isnan(spread) else
+                  f" Vowels (red) lie {spread:.2f}× as far apart as characters do on average.")
+        self.info.setText(f"Axes: {100 * m.explained[0]:.0f}% and {100 * m.explained[1]:.0f}% of the embeddings' "
+                          f"variance, after step {m.step:,}.{vowels}")
+
+    def _draw_trails(self, *_) -> None:
+        for curve in self.trail_curves:
+            self.plot.removeItem(curve)
+        self.trail_curves = []
+        m = self.char_map
+        if m is None or not self.trails_check.isChecked() or not len(m.trails):
+            return
+        path = np.concatenate([m.trails, m.points[None]])  # (refreshes, characters, 2), oldest first
+        for i, label in enumerate(m.labels):
+            color = VOWEL_COLOR if is_vowel(label) else OTHER_COLOR
+            curve = pg.PlotCurveItem(path[:, i, 0], path[:, i, 1], pen=pg.mkPen(*color, 60, width=1.5))
+            self.plot.addItem(curve)
+            self.trail_curves.append(curve)
+
+    def clear_trails(self) -> None:
+        self.history = []
+        if self.char_map is not None:
+            self.char_map = replace(self.char_map, trails=self.char_map.trails[:0])
+        self._draw_trails()
+
+    def clear(self) -> None:
+        self.char_map = None
+        self.history = []
+        self.scatter.clear()
+        for item in [*self.labels, *self.trail_curves]:
+            self.plot.removeItem(item)
+        self.labels, self.trail_curves = [], []

@@ -1,0 +1,379 @@
+"""Tools > Scaling study...: time per step against model size, per backend.
+
+Tick backends and presets and press Run: each (backend, preset) is measured
+in the background by `microgpt-gui bench`'s code (an engine.scaling measure
+function), and a log-log plot of ms/step against the parameter count grows
+one point at a time, one line per backend, with a table beside it. Backends
+that cannot run here get a row saying why. Cancel stops the study at once;
+the table and plot export to CSV and PNG.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
+                               QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+import engine
+from engine import bench, scaling
+from engine.bench import BenchResult
+
+from .controls import buddy, plot_widget
+from .latest_worker import LatestRequestWorker
+from .run_list import PALETTE
+
+DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
+TABLE_COLUMNS = ["Backend", "Preset", "Params", "ms/step", "steps/s", "Status"]
+
+
+def log_ticks(lo: float, hi: float) -> list[list[tuple[float, str]]]:
+    """Ticks for an axis that shows log10 of values from lo to hi: labelled
+    powers of ten (and 2 and 5 times them), unlabelled minor ticks between."""
+    major, minor = [], []
+    for power in range(int(np.floor(np.log10(lo))) - 1, int(np.ceil(np.log10(hi))) + 2):
+        for m in range(1, 10):
+            value, labelled = m * 10.0**power, m in (1, 2, 5)
+            (major if labelled else minor).append((float(np.log10(value)), _short(value) if labelled else ""))
+    return [major, minor]
+
+
+def _short(value: float) -> str:
+    """1e-3 -> '0.001', 2e4 -> '20k', 5e6 -> '5M'."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
+class _StudyRun(QObject):
+    """One study in a daemon thread; reports by signals (queued to the GUI thread).
+
+    It is a child of the dialog and deleted with deleteLater once done: were
+    the thread to drop the last reference, Qt would delete it from the wrong
+    thread (a crash at exit)."""
+
+    row = Signal(object)            # a BenchResult: measured, skipped or failed
+    started = Signal(str, str, int, int)  # backend, preset, index of the job, number of jobs
+    done = Signal(bool)             # True when it was cancelled
+
+    def __init__(self, backends, presets, measure, availability, seconds, parent):
+        super().__init__(parent)
+        self.cancelled = threading.Event()
+        self._args = (list(backends), list(presets), measure, availability, seconds)
+        self._thread = threading.Thread(target=self._run, name="scaling-study", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def _run(self) -> None:
+        backends, presets, measure, availability, seconds = self._args
+        try:
+            study = scaling.plan(backends, presets, availability)
+            for result in study.skipped:
+                self._emit(self.row, result)
+            for i, (backend, preset) in enumerate(study.jobs):
+                if self.cancelled.is_set():
+                    break
+                self._emit(self.started, backend, preset, i, len(study.jobs))
+                try:
+                    result = measure(backend, preset, seconds, self.cancelled.is_set)
+                except engine.Cancelled:
+                    break
+                except Exception as exc:  # one failed configuration is one error row
+                    result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
+                if self.cancelled.is_set():
+                    break
+                self._emit(self.row, result)
+        except Exception as exc:  # e.g. availability failed: say so, end the study
+            self._emit(self.row, BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}"))
+        self._emit(self.done, self.cancelled.is_set())
+
+    @staticmethod
+    def _emit(signal, *args) -> None:
+        try:
+            signal.emit(*args)
+        except RuntimeError:  # the dialog went away meanwhile
+            pass
+
+
+class ScalingStudyDialog(QDialog):
+    resultAdded = Signal(object)   # a BenchResult row
+    studyFinished = Signal(bool)   # True when cancelled
+
+    def __init__(self, data_path: str | Path | None = None, measure: scaling.MeasureFn | None = None,
+                 availability: Callable = bench.availability, backends: list[str] | None = None,
+                 presets: list[str] | None = None, seconds: float = 2.0, parent=None):
+        super().__init__(parent, objectName="scalingStudy")
+        self.setWindowTitle("Scaling study")
+        self.measure = measure or (scaling.isolated_measure(data_path) if data_path else None)
+        self.availability = availability
+        self.seconds = seconds
+        self.results: list[BenchResult] = []
+        self._run: _StudyRun | None = None
+        self._curves: dict[str, pg.PlotDataItem] = {}
+
+        self.backend_list = QListWidget(objectName="scalingBackendList")
+        self.backend_list.setToolTip("Backends to measure (one that cannot run here is reported with the reason)")
+        for name in backends if backends is not None else bench.default_backends():
+            self._add_checkable(self.backend_list, name, name == "numpy")
+        self.preset_list = QListWidget(objectName="scalingPresetList")
+        self.preset_list.setToolTip("Model sizes to measure")
+        for name in presets if presets is not None else list(engine.PRESETS):
+            self._add_checkable(self.preset_list, name, name in DEFAULT_PRESETS)
+        self.run_button = QPushButton("&Run", objectName="scalingRunButton")
+        self.run_button.setToolTip("Measure every ticked (backend, preset) for a few seconds each")
+        self.cancel_button = QPushButton("&Cancel", objectName="scalingCancelButton", enabled=False)
+        self.cancel_button.setToolTip("Stop the study; the rows measured so far stay")
+        self.csv_button = QPushButton("Export C&SV...", objectName="scalingCsvButton")
+        self.png_button = QPushButton("Export &PNG...", objectName="scalingPngButton")
+        self.csv_button.setToolTip("Save the table (backend, preset, params, ms/step, steps/s, status, reason)")
+        self.png_button.setToolTip("Save the plot as an image")
+        self.progress = QProgressBar(objectName="scalingProgress")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat("idle")
+        self.status = QLabel(" ", objectName="scalingStatus", wordWrap=True)
+
+        self.plot = plot_widget("scalingPlot",
+                                "Median ms per training step against parameter count, one line per backend")
+        item = self.plot.getPlotItem()
+        # log10 of the values, with our own ticks: pyqtgraph's log axes label
+        # every minor tick, which turns a narrow range into a smear of digits
+        item.setLabel("bottom", "parameters (log scale)")
+        item.setLabel("left", "ms per step (log scale)")
+        item.showGrid(x=True, y=True, alpha=0.2)
+        item.addLegend(offset=(10, 10))
+        self.table = QTableWidget(0, len(TABLE_COLUMNS), objectName="scalingTable")
+        self.table.setToolTip("One row per (backend, preset): measured, or why it could not be")
+        self.table.setHorizontalHeaderLabels(TABLE_COLUMNS)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(False)  # a long reason is elided; its tooltip has all of it
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+
+        choose = QVBoxLayout()
+        choose.addWidget(buddy("&Backends", self.backend_list))
+        choose.addWidget(self.backend_list, 1)
+        choose.addWidget(buddy("Pr&esets", self.preset_list))
+        choose.addWidget(self.preset_list, 1)
+        runs = QHBoxLayout()
+        runs.addWidget(self.run_button)
+        runs.addWidget(self.cancel_button)
+        choose.addLayout(runs)
+        left = QWidget()
+        left.setLayout(choose)
+        left.setMaximumWidth(220)
+        results = QSplitter(Qt.Horizontal)
+        results.addWidget(self.plot)
+        results.addWidget(self.table)
+        results.setSizes([560, 440])
+        top = QHBoxLayout()
+        top.addWidget(left)
+        top.addWidget(results, 1)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.progress, 1)
+        bottom.addWidget(self.csv_button)
+        bottom.addWidget(self.png_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top, 1)
+        layout.addLayout(bottom)
+        layout.addWidget(self.status)
+        order = [self.backend_list, self.preset_list, self.run_button, self.cancel_button, self.table,
+                 self.csv_button, self.png_button]
+        for first, second in zip(order, order[1:]):
+            QWidget.setTabOrder(first, second)
+        self.resize(1160, 600)
+
+        self.run_button.clicked.connect(self.run)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.csv_button.clicked.connect(lambda: self.export_csv())
+        self.png_button.clicked.connect(lambda: self.export_png())
+        if self.measure is None:
+            self.run_button.setEnabled(False)
+            self.status.setText("Open a dataset first: the measurements train on it.")
+        # which backends can run here, found off the GUI thread (importing PyTorch takes seconds)
+        self._checker = LatestRequestWorker(self, name="scaling-availability")
+        self._checker.resultReady.connect(self._show_availability)
+        names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
+        self._checker.submit("availability", lambda cancel: availability(names))
+
+    # running ------------------------------------------------------------------
+    @staticmethod
+    def _add_checkable(listing: QListWidget, name: str, checked: bool) -> QListWidgetItem:
+        item = QListWidgetItem(name, listing)
+        item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
+        item.setCheckState(Qt.Checked if checked else Qt.Unchecked)
+        return item
+
+    @staticmethod
+    def _checked(listing: QListWidget) -> list[str]:
+        return [listing.item(i).text() for i in range(listing.count())
+                if listing.item(i).checkState() == Qt.Checked]
+
+    def set_checked(self, backends: list[str], presets: list[str]) -> None:
+        for listing, names in ((self.backend_list, backends), (self.preset_list, presets)):
+            for i in range(listing.count()):
+                item = listing.item(i)
+                item.setCheckState(Qt.Checked if item.text() in names else Qt.Unchecked)
+
+    def _show_availability(self, key: str, status: dict) -> None:
+        self._checker.close(0)  # its one job is done
+        for i in range(self.backend_list.count()):
+            item = self.backend_list.item(i)
+            available, reason = status.get(item.text(), (True, ""))
+            item.setToolTip(reason)
+            if not available:
+                item.setForeground(Qt.gray)
+                item.setToolTip(f"cannot run here: {reason}")
+
+    @property
+    def running(self) -> bool:
+        return self._run is not None
+
+    def run(self) -> bool:
+        """Start a study of the ticked backends and presets (the old results are cleared)."""
+        backends, presets = self._checked(self.backend_list), self._checked(self.preset_list)
+        if self.running or self.measure is None:
+            return False
+        if not backends or not presets:
+            self.status.setText("Tick at least one backend and one preset.")
+            return False
+        self.clear()
+        self._run = _StudyRun(backends, presets, self.measure, self.availability, self.seconds, self)
+        self._run.row.connect(self._on_row)
+        self._run.started.connect(self._on_started)
+        self._run.done.connect(self._on_done)
+        self.progress.setRange(0, 0)
+        self.progress.setFormat("checking the backends...")
+        self._set_running(True)
+        self._run.start()
+        return True
+
+    def cancel(self) -> None:
+        if self._run is not None:
+            self._run.cancel()
+            self.status.setText("Cancelling...")
+
+    def _set_running(self, running: bool) -> None:
+        self.run_button.setEnabled(not running and self.measure is not None)
+        self.cancel_button.setEnabled(running)
+        self.backend_list.setEnabled(not running)
+        self.preset_list.setEnabled(not running)
+
+    def _on_started(self, backend: str, preset: str, index: int, total: int) -> None:
+        if self.sender() is not self._run:
+            return
+        self.progress.setRange(0, total)
+        self._show_progress(index)
+        self.status.setText(f"Measuring {backend} on {preset}...")
+
+    def _on_row(self, result: BenchResult) -> None:
+        if self.sender() is not self._run:
+            return
+        self.add_result(result)
+        if result.status != "skipped" and self.progress.maximum() > 0:
+            self._show_progress(self.progress.value() + 1)
+
+    def _show_progress(self, done: int) -> None:
+        self.progress.setValue(done)
+        self.progress.setFormat(f"{done} / {self.progress.maximum()}")
+
+    def _on_done(self, cancelled: bool) -> None:
+        if self.sender() is not self._run:
+            return
+        self._run.deleteLater()
+        self._run = None
+        self._set_running(False)
+        measured = sum(r.status == "ok" for r in self.results)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0 if cancelled else 1)
+        self.progress.setFormat("cancelled" if cancelled else "done")
+        self.status.setText(f"{'Cancelled' if cancelled else 'Done'}: {measured} configuration(s) measured. "
+                            "Each point is the median ms/step of bench's chunks after warm-up.")
+        self.studyFinished.emit(cancelled)
+
+    # results --------------------------------------------------------------------
+    def add_result(self, result: BenchResult) -> None:
+        self.results.append(result)
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        ok = result.status == "ok"
+        values = [result.backend, result.preset, f"{result.params:,}" if result.params else "",
+                  f"{result.ms_per_step:.4g}" if ok else "", f"{result.steps_per_s:.4g}" if ok else "",
+                  "ok" if ok else f"{result.status}: {result.reason}"]
+        for col, text in enumerate(values):
+            cell = QTableWidgetItem(text)
+            cell.setToolTip(text)
+            self.table.setItem(row, col, cell)
+        if ok:
+            self._draw(result.backend)
+        self.resultAdded.emit(result)
+
+    def _draw(self, backend: str) -> None:
+        points = sorted((r.params, r.ms_per_step) for r in self.results if r.backend == backend and r.status == "ok")
+        x, y = np.array(points, dtype=np.float64).T
+        curve = self._curves.get(backend)
+        if curve is None:
+            color = PALETTE[len(self._curves) % len(PALETTE)]
+            curve = self.plot.getPlotItem().plot(name=backend, pen=pg.mkPen(*color, width=2), symbol="o",
+                                                 symbolBrush=pg.mkBrush(*color), symbolPen=None, symbolSize=8)
+            self._curves[backend] = curve
+        curve.setData(np.log10(x), np.log10(y))
+        item = self.plot.getPlotItem()
+        ok = [r for r in self.results if r.status == "ok"]
+        for side, values in (("bottom", [r.params for r in ok]), ("left", [r.ms_per_step for r in ok])):
+            item.getAxis(side).setTicks(log_ticks(min(values), max(values)))
+
+    def curve_data(self, backend: str) -> tuple[np.ndarray, np.ndarray]:
+        """(params, ms/step) of a backend's line, in plotting order (the curve holds their log10)."""
+        curve = self._curves.get(backend)
+        if curve is None:
+            return np.empty(0), np.empty(0)
+        x, y = curve.getOriginalDataset()
+        return np.round(10.0**x), 10.0**y
+
+    def clear(self) -> None:
+        self.results = []
+        self.table.setRowCount(0)
+        for curve in self._curves.values():
+            self.plot.getPlotItem().removeItem(curve)
+        self._curves = {}
+
+    def export_csv(self, path: str | None = None) -> bool:
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Export scaling study", "scaling.csv", "CSV files (*.csv)")
+            if not path:
+                return False
+        try:
+            scaling.write_csv(path, self.results)
+        except OSError as exc:
+            self.status.setText(f"Could not write {path}: {exc.strerror or exc}")
+            return False
+        self.status.setText(f"Saved {path}")
+        return True
+
+    def export_png(self, path: str | None = None) -> bool:
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Export scaling plot", "scaling.png", "PNG images (*.png)")
+            if not path:
+                return False
+        if not self.plot.grab().save(str(path), "PNG"):
+            self.status.setText(f"Could not write {path}")
+            return False
+        self.status.setText(f"Saved {path}")
+        return True
+
+    def closeEvent(self, event) -> None:
+        self.cancel()  # the study's thread ends at its next check; nothing waits for it
+        self._checker.close(0)
+        super().closeEvent(event)

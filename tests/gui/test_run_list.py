@@ -1,0 +1,90 @@
+"""The run list and overlay: one curve per ticked run, the loss plot's smoothing,
+step or wall-clock x axis."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+import engine
+from engine.runs import RunRecord
+from gui.loss_plot import ema
+from gui.run_list import RunListPanel, COLUMNS
+
+
+def record(name, preset, lr, steps, seconds_per_step, seed):
+    p = engine.PRESETS[preset]
+    r = RunRecord(name, "numpy", p.model, engine.TrainConfig(learning_rate=lr))
+    losses = 3.3 - np.linspace(0, 1, steps) + np.random.default_rng(seed).normal(0, 0.3, steps)
+    for first in range(0, steps, 50):
+        chunk = losses[first:first + 50]
+        r.extend(chunk, first, seconds_per_step * len(chunk))
+    r.status = "finished"
+    return r
+
+
+@pytest.fixture
+def panel(qtbot):
+    panel = RunListPanel()
+    qtbot.addWidget(panel)
+    panel.resize(800, 600)
+    panel.show()
+    return panel
+
+
+def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
+    runs = [record("run 1", "tiny", 0.01, 300, 0.001, 1), record("run 2", "s32", 0.005, 500, 0.002, 2),
+            record("run 3", "tiny", 0.003, 200, 0.0005, 3)]
+    for r in runs:
+        panel.add_run(r, checked=False)
+    assert panel.table.rowCount() == 3 and not panel.curves
+    assert [panel.table.item(1, c).text() for c in range(len(COLUMNS))] == [
+        "run 2", "s32", "numpy", "0.005", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "2", "finished"]
+
+    with qtbot.waitSignal(panel.checkedChanged):
+        panel.table.item(0, 0).setCheckState(Qt.Checked)  # as a click on the box does
+    panel.set_checked(runs[2], True)
+    assert panel.checked_runs() == [runs[0], runs[2]]
+    assert set(panel.curves) == {id(runs[0]), id(runs[2])}
+    legend = [label.text for _, label in panel.legend.items]
+    assert len(legend) == 2 and legend[0].startswith("run 1") and legend[1].startswith("run 3")
+    colors = {panel.curves[id(r)].opts["pen"].color().getRgb()[:3] for r in (runs[0], runs[2])}
+    assert len(colors) == 2  # distinct
+    for r in (runs[0], runs[2]):
+        x, y = panel.curves[id(r)].getOriginalDataset()
+        np.testing.assert_array_equal(x, np.arange(r.steps))
+        np.testing.assert_allclose(y, ema(r.losses, 0.95)[0])
+
+    panel.set_x_axis("seconds")
+    x, y = panel.curves[id(runs[2])].getOriginalDataset()
+    np.testing.assert_allclose(x, 0.0005 * np.arange(1, 201))
+    panel.set_smoothing(0.5)
+    np.testing.assert_allclose(panel.curves[id(runs[0])].getOriginalDataset()[1], ema(runs[0].losses, 0.5)[0])
+
+    panel.set_checked(runs[0], False)
+    assert set(panel.curves) == {id(runs[2])} and len(panel.legend.items) == 1
+
+
+def test_a_live_run_grows_its_curve_and_row(qtbot, panel):
+    p = engine.PRESETS["tiny"]
+    live = RunRecord("run 1", "numpy", p.model, p.train)
+    panel.add_run(live)
+    live.extend(np.full(10, 3.0), 0, 0.01)
+    panel.update_run(live)
+    live.extend(np.full(5, 2.0), 10, 0.01)
+    panel.update_run(live)  # coalesced with the one before
+    qtbot.waitUntil(lambda: panel.table.item(0, 4).text() == "15", timeout=2000)
+    y = panel.curves[id(live)].getOriginalDataset()[1]
+    np.testing.assert_allclose(y, ema(live.losses, 0.95)[0])
+
+
+def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
+    p = engine.PRESETS["tiny"]
+    loaded = RunRecord("checkpoint", "numpy", p.model, p.train, status="loaded")
+    loaded.extend(np.full(100, 2.5), 0)  # a checkpoint's history has no step times
+    panel.add_run(loaded)
+    assert panel.table.item(0, 6).text() == "-"
+    panel.set_x_axis("seconds")
+    x, _ = panel.curves[id(loaded)].getOriginalDataset()
+    assert x is None or len(x) == 0
+    assert "No step times for checkpoint" in panel.info.text()

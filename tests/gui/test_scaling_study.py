@@ -1,0 +1,131 @@
+"""The scaling study dialog: one row per (backend, preset), unavailable backends
+skipped with the reason, a line per backend, exports, and Cancel."""
+from __future__ import annotations
+
+import csv
+import threading
+import time
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+import engine
+from engine.bench import BenchResult
+from gui.scaling_study import ScalingStudyDialog
+
+PARAMS = {"tiny": 4192, "s32": 27328, "s64": 155008}
+SPEED = {"numpy": 1.0, "futhark-c": 0.5}
+
+
+def fake_availability(names):
+    return {name: (name != "cupy", "CuPy is not installed" if name == "cupy" else "") for name in names}
+
+
+def fake_measure(backend, preset, seconds, cancel):
+    ms = SPEED[backend] * PARAMS[preset] / 1000
+    return BenchResult(backend, preset, "ok", params=PARAMS[preset], ms_per_step=ms, steps_per_s=1e3 / ms)
+
+
+@pytest.fixture
+def dialog(qtbot):
+    def make(measure=fake_measure):
+        d = ScalingStudyDialog(measure=measure, availability=fake_availability,
+                               backends=["numpy", "cupy", "futhark-c"], presets=list(PARAMS))
+        qtbot.addWidget(d)
+        d.show()
+        return d
+    return make
+
+
+def test_one_row_per_backend_and_preset_and_unavailable_ones_say_why(qtbot, dialog, tmp_path):
+    d = dialog()
+    d.set_checked(["numpy", "cupy", "futhark-c"], ["tiny", "s32", "s64"])
+    with qtbot.waitSignal(d.studyFinished, timeout=5000) as finished:
+        qtbot.mouseClick(d.run_button, Qt.LeftButton)
+    assert finished.args == [False]
+    rows = [tuple(d.table.item(r, c).text() for c in (0, 1, 5)) for r in range(d.table.rowCount())]
+    assert len(rows) == 9
+    assert {(b, p) for b, p, _ in rows} == {(b, p) for b in ("numpy", "cupy", "futhark-c") for p in PARAMS}
+    assert all(status == "skipped: CuPy is not installed" for b, _, status in rows if b == "cupy")
+    for backend in ("numpy", "futhark-c"):  # one line per backend, points sorted by size
+        x, y = d.curve_data(backend)
+        np.testing.assert_allclose(x, sorted(PARAMS.values()))
+        np.testing.assert_allclose(y, [SPEED[backend] * p / 1000 for p in sorted(PARAMS.values())])
+    assert d.curve_data("cupy")[0].size == 0
+
+    assert d.export_csv(str(tmp_path / "study.csv"))
+    table = list(csv.DictReader(open(tmp_path / "study.csv", encoding="utf-8")))
+    assert len(table) == 9 and {r["status"] for r in table} == {"ok", "skipped"}
+    assert d.export_png(str(tmp_path / "study.png"))
+    assert (tmp_path / "study.png").stat().st_size > 1000
+
+
+def test_points_arrive_one_at_a_time(qtbot, dialog):
+    gate = threading.Semaphore(0)
+
+    def gated(backend, preset, seconds, cancel):
+        gate.acquire()
+        return fake_measure(backend, preset, seconds, cancel)
+
+    d = dialog(gated)
+    d.set_checked(["numpy"], ["tiny", "s32"])
+    d.run()
+    assert d.running and not d.run_button.isEnabled()
+    gate.release()
+    qtbot.waitUntil(lambda: len(d.results) == 1, timeout=5000)
+    assert d.curve_data("numpy")[0].tolist() == [4192] and d.progress.format() == "1 / 2"
+    gate.release()
+    qtbot.waitUntil(lambda: not d.running, timeout=5000)
+    assert d.curve_data("numpy")[0].tolist() == [4192, 27328] and d.run_button.isEnabled()
+
+
+def test_cancel_ends_the_study_within_half_a_second(qtbot, dialog):
+    started = threading.Event()
+
+    def slow(backend, preset, seconds, cancel):  # would take 30 s; polls cancel like bench's measure
+        started.set()
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if cancel():
+                raise engine.Cancelled("cancelled")
+            time.sleep(0.01)
+        return fake_measure(backend, preset, seconds, cancel)
+
+    d = dialog(slow)
+    d.set_checked(["numpy", "futhark-c"], ["tiny", "s32"])
+    d.run()
+    assert started.wait(5)
+    with qtbot.waitSignal(d.studyFinished, timeout=500) as finished:
+        qtbot.mouseClick(d.cancel_button, Qt.LeftButton)
+    assert finished.args == [True]
+    assert d.results == [] and d.run_button.isEnabled() and not d.cancel_button.isEnabled()
+    assert d.progress.format() == "cancelled"
+
+
+def test_a_failing_measurement_is_a_row_not_a_crash(qtbot, dialog):
+    def failing(backend, preset, seconds, cancel):
+        if preset == "s32":
+            raise RuntimeError("out of memory")
+        return fake_measure(backend, preset, seconds, cancel)
+
+    d = dialog(failing)
+    d.set_checked(["numpy"], ["tiny", "s32"])
+    with qtbot.waitSignal(d.studyFinished, timeout=5000):
+        d.run()
+    assert [r.status for r in d.results] == ["ok", "error"]
+    assert d.table.item(1, 5).text() == "error: RuntimeError: out of memory"
+
+
+def test_without_a_dataset_the_default_study_cannot_run(qtbot):
+    d = ScalingStudyDialog(availability=fake_availability, backends=["numpy"])
+    qtbot.addWidget(d)
+    assert not d.run_button.isEnabled() and "dataset" in d.status.text()
+    assert not d.run()
+
+
+def test_the_backend_list_shows_which_cannot_run(qtbot, dialog):
+    d = dialog()
+    item = d.backend_list.item(1)
+    qtbot.waitUntil(lambda: "cannot run here" in item.toolTip(), timeout=5000)
+    assert item.toolTip() == "cannot run here: CuPy is not installed"

@@ -1,0 +1,48 @@
+"""engine.runs: a run's losses and step times, grown chunk by chunk."""
+import numpy as np
+import pytest
+
+import engine
+from engine.runs import RunRecord, preset_name
+
+
+def make(model=None):
+    return RunRecord("run 1", "numpy", model or engine.PRESETS["s32"].model, engine.TrainConfig())
+
+
+def test_chunks_grow_the_record_and_share_their_time_among_their_steps():
+    rng = np.random.default_rng(0)
+    losses = rng.random(3000).astype(np.float32)
+    record, first, seconds = make(), 0, []
+    for size in rng.integers(1, 200, 100):
+        chunk = losses[first:first + size]
+        if not len(chunk):
+            break
+        record.extend(chunk, first, 0.01 * len(chunk) + 0.5)
+        seconds += [(0.01 * len(chunk) + 0.5) / len(chunk)] * len(chunk)
+        first += len(chunk)
+    np.testing.assert_array_equal(record.losses, losses[:first])
+    np.testing.assert_allclose(record.step_seconds, seconds)
+    np.testing.assert_allclose(record.wall_seconds(), np.cumsum(seconds))
+    assert record.ms_per_step == pytest.approx(1e3 * np.mean(seconds))
+    assert record.preset == "s32"
+
+
+def test_loaded_steps_have_no_time_and_a_rewind_truncates():
+    record = make(engine.ModelConfig(n_embd=24, n_layer=1, n_head=2, block_size=8))
+    assert record.preset == "custom" and np.isnan(record.ms_per_step)
+    record.extend(np.full(10, 3.0), 0)  # from a checkpoint: no timings
+    record.extend(np.full(4, 2.0), 10, 0.4)
+    np.testing.assert_array_equal(np.isnan(record.wall_seconds()), [True] * 10 + [False] * 4)
+    np.testing.assert_allclose(record.wall_seconds()[10:], [0.1, 0.2, 0.3, 0.4])
+    assert record.ms_per_step == pytest.approx(100.0)
+    record.extend([1.0, 1.5], 5, 1.0)  # a rewound run continues from step 5
+    assert record.steps == 7
+    np.testing.assert_array_equal(record.losses, [3.0] * 5 + [1.0, 1.5])
+    with pytest.raises(ValueError, match="cannot follow"):
+        record.extend([1.0], 9)
+
+
+def test_preset_name_matches_the_network_only():
+    for name, preset in engine.PRESETS.items():
+        assert preset_name(preset.model) == name

@@ -1,0 +1,59 @@
+"""engine.scaling: the study's plan, its CSV, and the measure function over
+engine.bench.run_isolated (the code behind `microgpt-gui bench`)."""
+from __future__ import annotations
+
+import csv
+import threading
+import time
+
+import pytest
+
+import engine
+from engine import bench, scaling
+from engine.bench import BenchResult
+
+
+def fake_availability(names):
+    return {name: (name != "gpu", "no GPU here" if name == "gpu" else "") for name in names}
+
+
+def test_plan_skips_unavailable_backends_per_preset_with_the_reason():
+    study = scaling.plan(["numpy", "gpu", "futhark-c"], ["tiny", "s32"], fake_availability)
+    assert [(r.backend, r.preset, r.status, r.reason) for r in study.skipped] == [
+        ("gpu", "tiny", "skipped", "no GPU here"), ("gpu", "s32", "skipped", "no GPU here")]
+    assert study.jobs == [("numpy", "tiny"), ("futhark-c", "tiny"), ("numpy", "s32"), ("futhark-c", "s32")]
+
+
+def test_csv_has_a_row_per_result(tmp_path):
+    results = [BenchResult("numpy", "tiny", "ok", params=4192, ms_per_step=0.125, steps_per_s=8000.0),
+               BenchResult("gpu", "tiny", "skipped", reason="no GPU here")]
+    scaling.write_csv(tmp_path / "s.csv", results)
+    rows = list(csv.DictReader(open(tmp_path / "s.csv", encoding="utf-8")))
+    assert rows == [
+        {"backend": "numpy", "preset": "tiny", "params": "4192", "ms_per_step": "0.125", "steps_per_s": "8000",
+         "status": "ok", "reason": ""},
+        {"backend": "gpu", "preset": "tiny", "params": "", "ms_per_step": "", "steps_per_s": "",
+         "status": "skipped", "reason": "no GPU here"}]
+
+
+def test_isolated_measure_runs_benchs_subprocess(tmp_path, small_corpus):
+    data = tmp_path / "names.txt"
+    data.write_text("\n".join(small_corpus.docs), encoding="utf-8")
+    result = scaling.isolated_measure(data)("numpy", "tiny", 2.0, lambda: False)
+    assert result.status == "ok", result.reason
+    assert result.params == engine.PRESETS["tiny"].model.num_params(small_corpus.vocab_size)
+    assert result.ms_per_step > 0 and result.steps > 0
+
+
+def test_isolated_measure_returns_at_once_on_cancel(monkeypatch):
+    running = threading.Event()
+
+    def slow_run_isolated(backend, preset, data, steps, warmup):
+        running.set()
+        time.sleep(5)
+        return BenchResult(backend, preset, "ok")
+
+    monkeypatch.setattr(bench, "run_isolated", slow_run_isolated)
+    measure = scaling.isolated_measure("names.txt")
+    with pytest.raises(engine.Cancelled):
+        measure("numpy", "tiny", 2.0, running.is_set)  # cancelled as soon as it runs
