@@ -7,12 +7,12 @@ A measure function has the narrow signature
 
 (params, ms_per_step, status, reason ...), and raises engine.Cancelled when
 cancel() turns true. `isolated_measure(data)` makes one from
-engine.bench.run_isolated, which runs the configuration in a fresh process.
+engine.bench.run_isolated, which runs the configuration in a fresh process
+(the code `microgpt-gui bench` runs) and kills it when cancelled.
 """
 from __future__ import annotations
 
 import csv
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,33 +23,15 @@ from .errors import Cancelled
 
 MeasureFn = Callable[[str, str, float, Callable[[], bool]], BenchResult]
 CSV_COLUMNS = ("backend", "preset", "params", "ms_per_step", "steps_per_s", "status", "reason")
-POLL_S = 0.05
 
 
-def isolated_measure(data: str | Path) -> MeasureFn:
-    """A measure function over engine.bench.run_isolated on the dataset `data`.
-
-    run_isolated picks bench's automatic lengths (about AUTO_WARMUP_S + AUTO_MEASURE_S
-    of steps), so `seconds` is not used here. It cannot be interrupted: on cancel this
-    returns at once (raising Cancelled) and the child process finishes its few
-    seconds on its own, its result dropped.
-    """
+def isolated_measure(data: str | Path, sample_names: int = 0) -> MeasureFn:
+    """A measure function over engine.bench.run_isolated on the dataset `data`:
+    the configuration runs in a fresh process for at least `seconds` of steps
+    (bench's Budget), and cancel() kills that process within bench.POLL_S."""
     def measure(backend: str, preset: str, seconds: float, cancel: Callable[[], bool]) -> BenchResult:
-        box: dict = {}
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box["result"] = bench.run_isolated(backend, preset, Path(data), None, None)
-            except Exception as exc:  # reported as the row's error
-                box["result"] = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
-            done.set()
-
-        threading.Thread(target=run, name=f"bench-{backend}-{preset}", daemon=True).start()
-        while not done.wait(POLL_S):
-            if cancel():
-                raise Cancelled(f"measuring {backend} {preset} was cancelled")
-        return box["result"]
+        budget = bench.Budget(seconds=seconds, sample_names=sample_names)
+        return bench.run_isolated(backend, preset, Path(data), budget, cancel)
 
     return measure
 
