@@ -18,6 +18,7 @@ from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..errors import BackendError, Cancelled, TrainingDiverged
 from ..params import flatten, init_params, param_specs, unflatten
+from ..sampling import MAX_SAMPLES
 
 
 @dataclass
@@ -169,6 +170,11 @@ class Backend(ABC):
         raises Cancelled (the training state is never changed by sampling)."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if num_samples > MAX_SAMPLES:
+            raise ValueError(
+                f"num_samples must be at most {MAX_SAMPLES:,} per call, got {num_samples:,}: names are "
+                "generated one character at a time, so more would take minutes and hold every name in "
+                "memory. Sample in several calls (with different seeds) instead.")
         if not isinstance(temperature, (int, float, np.floating)) or not temperature > 0:
             raise ValueError(f"temperature must be greater than 0, got {temperature!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
