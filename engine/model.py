@@ -230,6 +230,17 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
     return loss
 
 
+def step_activation_bytes(model: ModelConfig, vocab_size: int, t: int) -> int:
+    """About the most memory loss_and_grad holds for a t-token step (float32):
+    per layer what the backward pass keeps (normed inputs, q/k/v, attention
+    probabilities, y, the MLP's 4C hidden and activation), then the logits and
+    one layer's backward temporaries."""
+    c, h = model.n_embd, model.n_head
+    kept = model.n_layer * (t * 15 * c + h * t * t)
+    temporaries = 3 * t * vocab_size + 2 * h * t * t + 16 * t * c
+    return 4 * (kept + temporaries)
+
+
 ADAM_BLOCK = 1 << 18  # elements: five 1 MiB blocks per update stay in L2/L3 cache
 
 

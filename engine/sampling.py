@@ -40,8 +40,9 @@ DRAW_BYTES = 64 << 20  # logits of the rows running together, and drawing's temp
 CHUNK_BYTES = 64 << 20  # attention scores while the prefix runs
 MAX_BATCH_ROWS = 256
 FIRST_CAPACITY = 32  # positions a batch's cache holds before it first grows
-# float32 logits, their float64 copy, exp, cumsum and the comparison with u
-DRAW_BYTES_PER_LOGIT = 4 + 8 + 8 + 8 + 1
+# the rows' float32 logits and their host copy, the float64 scaled logits and
+# drawing's CDF, and the comparison with u
+DRAW_BYTES_PER_LOGIT = 4 + 4 + 8 + 8 + 1
 
 
 def batch_rows(vocab_size: int) -> int:
@@ -56,14 +57,17 @@ def memory_bytes(model: ModelConfig, vocab_size: int) -> int:
     # the largest cache and the half as long one it grew from, or one row's
     cache = max(min(CACHE_LIMIT, rows * one_name), one_name) * 3 // 2
     step = rows * (16 * c + model.n_head * block) * 4  # one position's activations per row
-    prefix = CHUNK_BYTES + block * 16 * c * 4
+    prefix = min(CHUNK_BYTES, 4 * model.n_head * block * block) + block * 16 * c * 4
     return cache + rows * vocab_size * DRAW_BYTES_PER_LOGIT + step + prefix
 
 
 def draw(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """One token per row from softmax(logits): the first whose CDF passes the row's uniform u."""
-    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    cdf = np.cumsum(z / z.sum(axis=-1, keepdims=True), axis=-1)
+    """One token per row from softmax(logits): the first whose CDF passes the row's
+    uniform u. (In place after the first subtraction: one temporary the size of logits.)"""
+    cdf = logits - logits.max(axis=-1, keepdims=True)
+    np.exp(cdf, out=cdf)
+    cdf /= cdf.sum(axis=-1, keepdims=True)
+    np.cumsum(cdf, axis=-1, out=cdf)
     return np.minimum((cdf < u[:, None]).sum(axis=-1), logits.shape[-1] - 1)
 
 
@@ -150,7 +154,8 @@ class Sampler:
             if j < replay:
                 nxt = np.array([self.tokens[r][j] for r in rows])
             else:
-                scaled = self.to_host(logits[xp.asarray(slots)]).astype(np.float64) / self.temperature
+                scaled = self.to_host(logits[xp.asarray(slots)]).astype(np.float64)
+                scaled /= self.temperature
                 nxt = draw(scaled, self.uniforms.take(j, rows))
                 for r, token in zip(rows.tolist(), nxt.tolist()):
                     if token != bos:

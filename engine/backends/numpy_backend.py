@@ -35,7 +35,9 @@ def usable_cores() -> int:
 class NumpyBackend(Backend):
     name = "numpy"
     xp = np
-    host_buffers = 5  # p, g, m, v, and the initial parameters while they are copied in
+    # p, g, m, v, and three more while saving (get_state's copies of p, m, v) or
+    # opening (the initial parameters, or a checkpoint's params, m and v)
+    host_buffers = 7
 
     def _setup(self, params: np.ndarray) -> None:
         xp, n = self.xp, self.num_params
