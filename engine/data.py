@@ -9,7 +9,6 @@ import codecs
 import hashlib
 import os
 import random
-import stat
 import sys
 import tempfile
 import urllib.error
@@ -21,6 +20,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .errors import DatasetError
+from .files import NotARegularFile, open_regular_file
 from .memory import format_bytes
 
 DEFAULT_DATASET_URL = "https://raw.githubusercontent.com/karpathy/makemore/988aa59/names.txt"
@@ -34,9 +34,6 @@ MAX_DATASET_BYTES = 64 << 20
 # A list of names uses a few dozen characters. Each character has its own
 # embedding and output row, and every step scores all of them.
 MAX_VOCAB_CHARS = 10_000
-
-_FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 @dataclass(frozen=True)
@@ -174,38 +171,28 @@ class Corpus:
 def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
     """The bytes of a regular file of at most `limit` (MAX_DATASET_BYTES) bytes, else a DatasetError.
 
-    Opened without blocking (a FIFO with no writer would wait forever) and
-    checked before reading; the read itself stops after limit + 1 bytes, so a
-    file that grows, or reports no size, is refused rather than read whole.
+    Opened without blocking and checked before reading (engine.files); the read
+    itself stops after limit + 1 bytes, so a file that grows, or reports no
+    size, is refused rather than read whole.
     """
     limit = MAX_DATASET_BYTES if limit is None else limit
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise DatasetError(f"dataset file not found: {path}") from None
-    except IsADirectoryError:
-        raise DatasetError(f"dataset path is a directory, not a text file: {path}") from None
-    except OSError as exc:
-        raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
     too_large = (f"{path} is larger than {format_bytes(limit)}, the most microgpt-gui reads as a "
                  "dataset (names.txt is 0.2 MiB); use a smaller part of it")
     try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise DatasetError(f"dataset path is a directory, not a text file: {path}")
-        for is_kind, kind in _FILE_KINDS:
-            if is_kind(info.st_mode):
-                raise DatasetError(f"{path} is {kind}, not a regular file: choose a text file "
-                                   "with one document per line")
-        if info.st_size > limit:
-            raise DatasetError(f"{too_large} ({format_bytes(info.st_size)})")
-        with open(fd, "rb", closefd=False) as f:
+        f, size = open_regular_file(path)
+        with f:
+            if size > limit:
+                raise DatasetError(f"{too_large} ({format_bytes(size)})")
             raw = f.read(limit + 1)
+    except FileNotFoundError:
+        raise DatasetError(f"dataset file not found: {path}") from None
+    except NotARegularFile as exc:
+        if exc.kind == "a directory":
+            raise DatasetError(f"dataset path is a directory, not a text file: {path}") from None
+        raise DatasetError(f"{path} is {exc.kind}, not a regular file: choose a text file "
+                           "with one document per line") from None
     except OSError as exc:
         raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
     if len(raw) > limit:
         raise DatasetError(too_large)
     return raw
