@@ -358,6 +358,17 @@ def test_every_buffer_is_counted(monkeypatch, small_corpus):
     assert "7 copies of the parameters" in message and "activations" in message and "sampling" in message
 
 
+def test_a_vocabulary_that_makes_most_of_the_model_is_named(monkeypatch):
+    from engine.backends import base
+
+    chars = [chr(0x4E00 + i) for i in range(10_000)]
+    corpus = Corpus(["".join(chars[i : i + 10]) for i in range(0, 10_000, 10)], shuffled=True)
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1 << 26)
+    with pytest.raises(BackendError) as info:
+        open_backend("numpy", ModelConfig(1024, 1, 8, 16), TrainConfig(num_steps=2), corpus)
+    assert "vocabulary of 10,001 characters (wte and lm_head) makes 62% of the parameters" in str(info.value)
+
+
 def _traced_peak(action) -> int:
     """Bytes allocated (NumPy arrays included) at the peak of action(), above the start."""
     import tracemalloc
