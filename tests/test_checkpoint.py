@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -423,10 +424,10 @@ def test_a_save_killed_midway_keeps_the_old_file_and_the_next_save_cleans_up(run
     import sys
 
     from engine import checkpoint
-    from conftest import REPO_ROOT
 
+    repo_root = Path(__file__).resolve().parents[1]
     path = tmp_path / "run.npz"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(REPO_ROOT), str(path)],
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(repo_root), str(path)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "saved"
