@@ -396,6 +396,18 @@ def test_the_loss_history_grows_with_the_steps_not_num_steps(small_corpus, small
     assert _traced_peak(lambda: b.train(10)) < 16 * 2**20
 
 
+def test_a_train_call_too_large_for_memory_is_refused_before_it_runs(small_corpus, small_model,
+                                                                      monkeypatch):
+    from engine.backends import base
+
+    b = open_numpy(small_model, TrainConfig(num_steps=10**10), small_corpus)
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1 << 30)
+    with pytest.raises(BackendError, match=r"training 1,000,000,000 steps in one call .* 1\.0 GiB is available"):
+        b.train(10**9)  # 4 GB of losses to return
+    assert b.step == 0
+    assert len(b.train(1000)) == 1000  # small calls are not even checked
+
+
 def test_restored_state_keeps_its_history_and_grows_from_it(small_corpus, small_model):
     a = open_numpy(small_model, TrainConfig(num_steps=3000), small_corpus)
     first = a.train(1500)

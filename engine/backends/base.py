@@ -49,6 +49,10 @@ def sample_rows_to_ids(rows, bos: int) -> list[list[int]]:
     return samples
 
 
+# Allocations under this size are not checked against free memory (the check reads /proc).
+LARGE_ALLOCATION = 64 << 20
+
+
 class Backend(ABC):
     name: str = "?"
     # Parameter-sized float32 buffers this backend holds in host memory at its
@@ -115,7 +119,7 @@ class Backend(ABC):
         free = available_memory_bytes()
         if free is not None and nbytes > free:
             raise BackendError(f"{what} needs {format_bytes(nbytes)} of memory, but "
-                               f"{format_bytes(free)} is available.")
+                               f"{format_bytes(free)} is available; ask for fewer at once.")
 
     def _record_losses(self, losses: np.ndarray) -> None:
         """Append the losses of steps just trained and advance the step; the history
@@ -186,6 +190,10 @@ class Backend(ABC):
         k = min(int(k), self.train_config.num_steps - self._step)
         if k <= 0:
             return np.empty(0, dtype=np.float32)
+        losses_bytes = 4 * (k + 2 * (self._step + k))  # this call's, and the history doubled
+        if losses_bytes > LARGE_ALLOCATION:
+            self._check_fits(f"training {k:,} steps in one call (the losses it returns and the loss "
+                             f"history of {self._step + k:,} steps)", losses_bytes)
         losses = np.asarray(self._train_steps(k), dtype=np.float32)
         bad = ~np.isfinite(losses)
         good = losses[: int(np.argmax(bad))] if bad.any() else losses
