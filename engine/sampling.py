@@ -18,8 +18,8 @@ batches that bound memory:
   would pass CACHE_LIMIT, the batch splits in two and the second half runs
   afterwards, first replaying the tokens it already drew (one row alone may
   exceed it: its cache is at most one block_size name). The limit holds ten
-  gpt2-small names of 1,024 tokens, so splits are rare: where the weights are
-  large, a position costs about the same for one row as for ten;
+  gpt2-small names of 512 tokens, so splits are rare (where the weights are
+  large, a position costs about the same for one row as for ten);
 - finished rows leave the cache (a copy of the rows still going) once that
   copy costs less than computing the finished rows' next position, or an
   eighth of the rows are finished;
@@ -37,7 +37,7 @@ from .errors import Cancelled
 from .model import KVCache, Weights, forward, linear
 
 MAX_SAMPLES = 10_000  # names per sample() call (see Backend.sample)
-CACHE_LIMIT = 768 << 20  # keys and values of the rows running together (1.5x while it grows)
+CACHE_LIMIT = 512 << 20  # keys and values of the rows running together (2x while copied)
 DRAW_BYTES = 64 << 20  # logits of the rows running together, and drawing's temporaries
 CHUNK_BYTES = 64 << 20  # attention scores while the prefix runs
 MAX_BATCH_ROWS = 256
@@ -56,8 +56,8 @@ def memory_bytes(model: ModelConfig, vocab_size: int) -> int:
     """The most memory sampling holds at once, beyond the parameters."""
     rows, block, c = batch_rows(vocab_size), model.block_size, model.n_embd
     one_name = KVCache.bytes_per_token(model) * block
-    # the largest cache and the half as long one it grew from, or one row's
-    cache = max(min(CACHE_LIMIT, rows * one_name), one_name) * 3 // 2
+    # the largest cache and the one it is copied from (growing, or dropping finished rows)
+    cache = 2 * max(min(CACHE_LIMIT, rows * one_name), one_name)
     step = rows * (16 * c + model.n_head * block) * 4  # one position's activations per row
     prefix = min(CHUNK_BYTES, 4 * model.n_head * block * block) + block * 16 * c * 4
     return cache + rows * vocab_size * DRAW_BYTES_PER_LOGIT + step + prefix

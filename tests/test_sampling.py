@@ -161,7 +161,7 @@ def test_memory_bytes_bounds_the_caches_and_logits():
     assert small < 2 * sampling.CHUNK_BYTES  # small models hold little
     # one name of 100,000 positions cannot be split: its whole cache is counted
     one_name = KVCache.bytes_per_token(big_block) * 100_000
-    assert sampling.memory_bytes(big_block, 27) >= one_name * 3 // 2
+    assert sampling.memory_bytes(big_block, 27) >= 2 * one_name
     # a large vocabulary draws fewer rows at once
     assert sampling.batch_rows(10_001) * 10_001 * sampling.DRAW_BYTES_PER_LOGIT <= sampling.DRAW_BYTES
 
