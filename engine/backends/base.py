@@ -115,11 +115,11 @@ class Backend(ABC):
             f"{format_bytes(free)} is available.{why} Choose a smaller model (n_embd, n_layer, "
             "block_size) or close other programs.")
 
-    def _check_fits(self, what: str, nbytes: int) -> None:
+    def _check_fits(self, what: str, nbytes: int, advice: str) -> None:
         free = available_memory_bytes()
         if free is not None and nbytes > free:
             raise BackendError(f"{what} needs {format_bytes(nbytes)} of memory, but "
-                               f"{format_bytes(free)} is available; ask for fewer at once.")
+                               f"{format_bytes(free)} is available; {advice}")
 
     def _record_losses(self, losses: np.ndarray) -> None:
         """Append the losses of steps just trained and advance the step; the history
@@ -193,7 +193,8 @@ class Backend(ABC):
         losses_bytes = 4 * (k + 2 * (self._step + k))  # this call's, and the history doubled
         if losses_bytes > LARGE_ALLOCATION:
             self._check_fits(f"training {k:,} steps in one call (the losses it returns and the loss "
-                             f"history of {self._step + k:,} steps)", losses_bytes)
+                             f"history of {self._step + k:,} steps)", losses_bytes,
+                             "train fewer steps per call.")
         losses = np.asarray(self._train_steps(k), dtype=np.float32)
         bad = ~np.isfinite(losses)
         good = losses[: int(np.argmax(bad))] if bad.any() else losses
@@ -253,7 +254,7 @@ class Backend(ABC):
         self._set_state(TrainState(*(np.ascontiguousarray(getattr(state, a), dtype=np.float32)
                                      for a in ("params", "m", "v")), int(state.step)))
         step = int(state.step)
-        self._check_fits(f"the loss history of {step:,} steps", 4 * step)
+        self._check_fits(f"the loss history of {step:,} steps", 4 * step, "close other programs.")
         history = np.full(step, np.nan, dtype=np.float32)  # unknown losses are NaN
         if losses is not None:
             known = np.asarray(losses, dtype=np.float32)[:step]
