@@ -15,7 +15,7 @@ import numpy as np
 from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
-from ..errors import BackendError, Cancelled, TrainingDiverged
+from ..errors import BackendError, TrainingDiverged
 from ..memory import available_memory_bytes, format_bytes, format_count
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
