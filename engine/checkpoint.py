@@ -1,21 +1,52 @@
 """Checkpoints: one .npz with configs, vocabulary, documents in training order,
-parameters, Adam moments, step and loss history; written atomically."""
+parameters, Adam moments, step and loss history; written atomically.
+
+Reading trusts nothing in the file. The zip directory's member names are
+checked before anything is decompressed, and each member's declared size
+against what its field can hold; each .npy header (dtype and shape) is read
+before its data, so nothing is allocated from a size the file merely claims;
+then the values. Every field that is wrong is a CheckpointError naming it.
+
+Writing goes to a temporary file beside the destination, locked while it is
+written, then renamed over it: a save killed midway leaves the previous
+checkpoint intact, and the next save to that folder removes the leftover
+(stale, unlocked files of our own name pattern only).
+"""
 from __future__ import annotations
 
+import math
 import os
-import tempfile
+import re
+import secrets
+import time
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from .config import ModelConfig, TrainConfig
-from .data import Corpus
+from .data import MAX_DATASET_BYTES, MAX_VOCAB_CHARS, Corpus
 from .errors import CheckpointError, DatasetError
+from .files import NotARegularFile, open_regular_file
+from .memory import available_memory_bytes, format_bytes
+
+try:
+    import fcntl
+except ImportError:  # Windows: a file being written cannot be deleted there anyway
+    fcntl = None
 
 FORMAT_VERSION = 1
-_ARRAYS = ("params", "m", "v", "losses")
+_PARAM_ARRAYS = ("params", "m", "v")
+_CONFIGS = (("model.", ModelConfig), ("train.", TrainConfig))
+NPY_HEADER_BYTES = 4096  # the most a member's .npy header may take
+SCALAR_BYTES = NPY_HEADER_BYTES + 64
+
+TEMP_SUFFIX = ".microgpt-tmp"
+STALE_TEMP_SECONDS = 300  # a temporary file this old and unlocked was left by a killed save
+_TEMP_NAME = re.compile(r".+\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX))
+_OLD_TEMP_NAME = re.compile(r".+\.npz\.[a-z0-9_]{8}\.tmp")  # mkstemp's, from earlier versions
 
 
 @dataclass
@@ -31,8 +62,20 @@ class Checkpoint:
     backend: str
 
 
+def _fields() -> dict[str, str]:
+    """Every member of a checkpoint (without .npy) and what it holds: int, float, text or array."""
+    kinds = {"format_version": "int", "step": "int", "backend": "text", "chars": "text", "docs": "text"}
+    for prefix, config in _CONFIGS:
+        for f in fields(config):
+            kinds[prefix + f.name] = "int" if f.type == "int" else "float"
+    kinds.update({name: "array" for name in (*_PARAM_ARRAYS, "losses")})
+    return kinds
+
+
+# ---- writing ----------------------------------------------------------------------
+
 def save_checkpoint(path, backend) -> Path:
-    """Write backend's full training state to path (temp file + rename)."""
+    """Write backend's full training state to path (temporary file + rename)."""
     path = Path(path)
     state = backend.get_state()
     corpus = backend.corpus
@@ -49,9 +92,12 @@ def save_checkpoint(path, backend) -> Path:
         for key, value in asdict(cfg).items():
             payload[prefix + key] = np.asarray(value)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    remove_stale_temp_files(path.parent)
+    fd, tmp = _create_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as out:
+            if fcntl is not None:  # held until closed: a concurrent save's cleanup leaves it alone
+                fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             np.savez(out, **payload)
             out.flush()
             os.fsync(out.fileno())
@@ -62,50 +108,216 @@ def save_checkpoint(path, backend) -> Path:
     return path
 
 
+def _create_temp_file(path: Path) -> tuple[int, str]:
+    """A new file beside path, named <name>.<12 hex>.microgpt-tmp. Created with mode
+    0666 less the umask, as any file the user saves (mkstemp's 0600 is for secrets)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = str(path.parent / f"{path.name}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def remove_stale_temp_files(folder, min_age: float = STALE_TEMP_SECONDS) -> list[str]:
+    """Delete the temporary files killed saves left in folder; return their names.
+
+    Only files named as save_checkpoint names them (or as earlier versions did,
+    <name>.npz.<8 characters>.tmp), older than min_age seconds and not locked:
+    a save in progress holds a lock on its file, and a killed process's lock is gone.
+    """
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (_TEMP_NAME.fullmatch(entry.name) or _OLD_TEMP_NAME.fullmatch(entry.name)):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False) or now - entry.stat().st_mtime < min_age:
+                continue
+            if _locked(entry.path):
+                continue
+            os.unlink(entry.path)
+            removed.append(entry.name)
+        except OSError:  # gone meanwhile, or not ours to delete
+            continue
+    return removed
+
+
+def _locked(path: str) -> bool:
+    if fcntl is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock taken here
+
+
+# ---- reading ----------------------------------------------------------------------
+
 def read_checkpoint(path) -> Checkpoint:
     """Read and validate a checkpoint without opening a backend."""
     path = Path(path)
     try:
-        # our own file handle: np.load leaks its handle when the zip is unreadable
-        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
-            data = {key: z[key] for key in z.files}
+        f, _ = open_regular_file(path)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
-        raise CheckpointError(
-            f"{path} is not a readable microgpt-gui checkpoint (truncated or corrupt: {exc})"
-        ) from None
+    except NotARegularFile as exc:
+        raise CheckpointError(f"{path} is {exc.kind}, not a checkpoint file") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+    with f:
+        if f.read(6) == b"\x93NUMPY":
+            raise CheckpointError(f"{path} is a single NumPy array (.npy), not a microgpt-gui "
+                                  "checkpoint (.npz)")
+        f.seek(0)
+        try:
+            with zipfile.ZipFile(f) as z:
+                return _read(z, path)
+        except CheckpointError:
+            raise
+        except MemoryError:
+            raise CheckpointError(f"{path}: not enough memory to read this checkpoint") from None
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError,
+                RuntimeError) as exc:
+            raise CheckpointError(
+                f"{path} is not a readable microgpt-gui checkpoint (truncated or corrupt: {exc})"
+            ) from None
 
-    def need(key):
-        if key not in data:
-            raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has no '{key}'")
-        return data[key]
 
-    version = int(need("format_version"))
+def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
+    kinds = _fields()
+    members = _members(z, path, kinds)
+
+    def value(key: str):
+        kind = kinds[key]
+        if kind == "text":
+            limit = {"chars": 4 * MAX_VOCAB_CHARS, "docs": 4 * MAX_DATASET_BYTES}.get(key, 1024)
+            arr = _read_member(z, members[key], path, key, NPY_HEADER_BYTES + limit,
+                               f"text of at most {limit // 4:,} characters",
+                               lambda shape, dtype: _expect_scalar(path, key, shape, dtype, "U", "text"))
+            return str(arr[()])
+        wanted = ("iu", "an integer") if kind == "int" else ("fiu", "a number")
+        arr = _read_member(z, members[key], path, key, SCALAR_BYTES, f"{wanted[1]}",
+                           lambda shape, dtype: _expect_scalar(path, key, shape, dtype, *wanted))
+        number = arr[()].item()
+        return int(number) if kind == "int" else float(number)
+
+    version = value("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format {version}; this version reads {FORMAT_VERSION}")
     try:
-        model = ModelConfig(**{f.name: int(need("model." + f.name)) for f in fields(ModelConfig)})
-        train = TrainConfig(**{f.name: need("train." + f.name).item() for f in fields(TrainConfig)})
-        docs = str(need("docs")).split("\n")
-        corpus = Corpus.from_training_order(docs, list(str(need("chars"))))
+        model, train = (config(**{f.name: value(prefix + f.name) for f in fields(config)})
+                        for prefix, config in _CONFIGS)
+        corpus = Corpus.from_training_order(value("docs").split("\n"), list(value("chars")))
     except (ValueError, DatasetError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(f"{path} holds an invalid configuration: {exc}") from None
+    step, backend = value("step"), value("backend")
+    if not 0 <= step <= train.num_steps:
+        raise CheckpointError(f"{path}: step {step} is outside 0..num_steps ({train.num_steps:,})")
+
     n = model.num_params(corpus.vocab_size)
+    need, free = 4 * (3 * n + step), available_memory_bytes()
+    if free is not None and need > free:
+        raise CheckpointError(
+            f"{path}: its {n:,} parameters, Adam moments and {step:,} losses need "
+            f"{format_bytes(need)} of memory to read, but {format_bytes(free)} is available")
     arrays = {}
-    for key in _ARRAYS:
-        arr = need(key)
-        if arr.dtype != np.float32 or arr.ndim != 1:
-            raise CheckpointError(f"{path}: '{key}' must be a 1-D float32 array, got {arr.dtype} {arr.shape}")
-        arrays[key] = arr
-    for key in ("params", "m", "v"):
-        if arrays[key].shape != (n,):
-            raise CheckpointError(
-                f"{path}: '{key}' has {arrays[key].shape[0]} values but the model "
-                f"{model} with vocabulary {corpus.vocab_size} has {n} parameters"
-            )
-    step = int(need("step"))
-    if not 0 <= step <= train.num_steps or len(arrays["losses"]) != step:
-        raise CheckpointError(f"{path}: step {step} does not match its loss history or num_steps")
+    for key in _PARAM_ARRAYS:
+        arrays[key] = _read_float32(z, members[key], path, key, n, (
+            f"the model {model} with vocabulary {corpus.vocab_size} has {n} parameters"))
+    losses = _read_float32(z, members["losses"], path, "losses", step, None)
+    for key, arr in (*arrays.items(), ("losses", losses)):
+        bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+        if bad:
+            raise CheckpointError(f"{path}: '{key}' holds {bad:,} NaN or infinite values; "
+                                  "a run cannot continue from it")
+    negative = int(np.count_nonzero(arrays["v"] < 0))
+    if negative:
+        raise CheckpointError(f"{path}: 'v' holds {negative:,} negative values, but Adam's second "
+                              "moment is an average of squares")
     return Checkpoint(model, train, corpus, arrays["params"], arrays["m"], arrays["v"],
-                      step, arrays["losses"], str(need("backend")))
+                      step, losses, backend)
+
+
+def _members(z: zipfile.ZipFile, path: Path, kinds: dict[str, str]) -> dict[str, zipfile.ZipInfo]:
+    """The zip directory's entries by field name, refusing unknown, repeated and missing ones."""
+    members = {}
+    for info in z.infolist():
+        key = info.filename[: -len(".npy")] if info.filename.endswith(".npy") else None
+        if key not in kinds:
+            raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has an unexpected "
+                                  f"member '{info.filename}'")
+        if key in members:
+            raise CheckpointError(f"{path}: '{key}' appears twice")
+        members[key] = info
+    for key in kinds:
+        if key not in members:
+            raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has no '{key}'")
+    return members
+
+
+def _expect_scalar(path, key, shape, dtype, kinds: str, what: str) -> None:
+    if shape != () or dtype.kind not in kinds:
+        got = f"an array of shape {shape}" if shape != () else f"a value of type {dtype}"
+        raise CheckpointError(f"{path}: '{key}' must be {what}, got {got}")
+
+
+def _read_float32(z, info, path, key: str, length: int, why: str | None) -> np.ndarray:
+    def expect(shape, dtype):
+        if dtype != np.float32 or len(shape) != 1:
+            raise CheckpointError(f"{path}: '{key}' must be a 1-D float32 array, got {dtype} {shape}")
+        if shape[0] != length:
+            if why is None:
+                raise CheckpointError(f"{path}: step {length} does not match its loss history "
+                                      f"({shape[0]} losses)")
+            raise CheckpointError(f"{path}: '{key}' has {shape[0]} values but {why}")
+
+    return _read_member(z, info, path, key, NPY_HEADER_BYTES + 4 * length,
+                        f"a 1-D float32 array of {length:,} values", expect)
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, path, key: str, max_bytes: int,
+                 what: str, expect) -> np.ndarray:
+    """One .npy member, checked before its data is read: the size the zip directory
+    declares, then the dtype and shape its header states (expect(shape, dtype)
+    raises when they are wrong), then that the two agree."""
+    if info.file_size > max_bytes:
+        raise CheckpointError(f"{path}: '{key}' declares {format_bytes(info.file_size)}, more than "
+                              f"{what} takes (at most {format_bytes(max_bytes)})")
+    with z.open(info) as stream:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise CheckpointError(f"{path}: '{key}' has .npy version {version}, which is not read here")
+        if dtype.hasobject:
+            raise CheckpointError(f"{path}: '{key}' holds Python objects, which are not read")
+        expect(shape, dtype)
+        data_bytes = math.prod(shape) * dtype.itemsize
+        if stream.tell() + data_bytes != info.file_size:
+            raise CheckpointError(f"{path}: '{key}' is damaged: its header describes {data_bytes:,} "
+                                  f"bytes, its zip entry holds {info.file_size - stream.tell():,}")
+        arr = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+        view = memoryview(arr.reshape(-1, order="A")).cast("B") if data_bytes else memoryview(b"")
+        done = 0
+        while done < data_bytes:
+            got = stream.readinto(view[done:])
+            if not got:
+                raise EOFError(f"'{key}' ends early")
+            done += got
+        if stream.read(1):  # reading to the end also checks the CRC
+            raise CheckpointError(f"{path}: '{key}' holds more data than its header describes")
+    return arr

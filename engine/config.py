@@ -42,6 +42,11 @@ class ModelConfig:
         return 2 * vocab_size * c + self.block_size * c + self.n_layer * 12 * c * c
 
 
+# The most steps a run may ask for: at the fastest step measured (under 0.1 ms)
+# 10^12 steps would take years, and the count stays far inside int64.
+MAX_NUM_STEPS = 10**12
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """microgpt's Adam with a linearly decaying learning rate."""
@@ -59,6 +64,9 @@ class TrainConfig:
             raise ValueError(f"num_steps must be an integer, got {self.num_steps!r}")
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be at least 1, got {self.num_steps}")
+        if self.num_steps > MAX_NUM_STEPS:
+            raise ValueError(f"num_steps must be at most 10^12 (years of training at the fastest "
+                             f"step), got {self.num_steps:,}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         checks = {

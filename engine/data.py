@@ -5,6 +5,7 @@ This is the one place that shapes the data.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import random
@@ -19,10 +20,20 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .errors import DatasetError
+from .files import NotARegularFile, open_regular_file
+from .memory import format_bytes
 
 DEFAULT_DATASET_URL = "https://raw.githubusercontent.com/karpathy/makemore/988aa59/names.txt"
 DEFAULT_DATASET_SHA256 = "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
 SHUFFLE_SEED = 42  # microgpt: random.seed(42); random.shuffle(docs)
+
+# names.txt is 0.2 MiB. 64 MiB of names is 9 million lines: it takes over a
+# minute and about 1.3 GB to load, and a checkpoint stores its text four times
+# over (UTF-32); a larger file is refused before it is read.
+MAX_DATASET_BYTES = 64 << 20
+# A list of names uses a few dozen characters. Each character has its own
+# embedding and output row, and every step scores all of them.
+MAX_VOCAB_CHARS = 10_000
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,12 @@ class Corpus:
         if not shuffled:
             random.Random(SHUFFLE_SEED).shuffle(self.docs)
         self.chars: list[str] = sorted(set("".join(self.docs))) if chars is None else list(chars)
+        if len(self.chars) > MAX_VOCAB_CHARS:
+            raise DatasetError(
+                f"the dataset uses {len(self.chars):,} different characters; microgpt-gui handles at "
+                f"most {MAX_VOCAB_CHARS:,}, because each character gets its own embedding and output "
+                "row and every step scores all of them (a list of names uses a few dozen). Check that "
+                "the file is the text you meant, or remove rare characters.")
         self.bos: int = len(self.chars)
         self.vocab_size: int = self.bos + 1
         self._index = {ch: i for i, ch in enumerate(self.chars)}
@@ -64,26 +81,21 @@ class Corpus:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Corpus":
+        """One document per line of a UTF-8 text file (a byte-order mark is skipped)."""
         path = Path(path)
+        raw = read_dataset_bytes(path)
+        if raw.startswith(codecs.BOM_UTF8):  # written by some editors; not a character of the text
+            raw = raw[len(codecs.BOM_UTF8):]
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise DatasetError(f"dataset file not found: {path}") from None
-        except IsADirectoryError:
-            raise DatasetError(f"dataset path is a directory, not a text file: {path}") from None
-        except OSError as exc:
-            raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
-        lines = []
-        for number, line in enumerate(raw.split(b"\n"), start=1):
-            try:
-                lines.append(line.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise DatasetError(
-                    f"{path}: line {number} is not valid UTF-8 (byte {exc.start + 1}); "
-                    "save the file as UTF-8 text"
-                ) from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            column = exc.start - raw.rfind(b"\n", 0, exc.start)
+            raise DatasetError(
+                f"{path}: line {line} is not valid UTF-8 (byte {column}); save the file as UTF-8 text"
+            ) from None
         try:
-            return cls.from_lines(lines)
+            return cls.from_lines(text.split("\n"))
         except DatasetError as exc:
             raise DatasetError(f"{path}: {exc}") from None
 
@@ -154,6 +166,36 @@ class Corpus:
 
     def __repr__(self) -> str:
         return f"Corpus({len(self.docs)} docs, vocab {self.vocab_size})"
+
+
+def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a regular file of at most `limit` (MAX_DATASET_BYTES) bytes, else a DatasetError.
+
+    Opened without blocking and checked before reading (engine.files); the read
+    itself stops after limit + 1 bytes, so a file that grows, or reports no
+    size, is refused rather than read whole.
+    """
+    limit = MAX_DATASET_BYTES if limit is None else limit
+    too_large = (f"{path} is larger than {format_bytes(limit)}, the most microgpt-gui reads as a "
+                 "dataset (names.txt is 0.2 MiB); use a smaller part of it")
+    try:
+        f, size = open_regular_file(path)
+        with f:
+            if size > limit:
+                raise DatasetError(f"{too_large} ({format_bytes(size)})")
+            raw = f.read(limit + 1)
+    except FileNotFoundError:
+        raise DatasetError(f"dataset file not found: {path}") from None
+    except NotARegularFile as exc:
+        if exc.kind == "a directory":
+            raise DatasetError(f"dataset path is a directory, not a text file: {path}") from None
+        raise DatasetError(f"{path} is {exc.kind}, not a regular file: choose a text file "
+                           "with one document per line") from None
+    except OSError as exc:
+        raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
+    if len(raw) > limit:
+        raise DatasetError(too_large)
+    return raw
 
 
 # default dataset ------------------------------------------------------------

@@ -59,7 +59,11 @@ def rmsnorm_backward(dy, y, r, xp):
 
 def linear(x, w):
     """x @ w.T for a weight w of shape (out, in), computed as (w @ x^T)^T:
-    with few rows in x, OpenBLAS streams w up to twice as fast this way."""
+    with few rows in x, OpenBLAS streams w up to twice as fast this way.
+    One position per sequence (sampling's (N, 1, in)) is one product over the
+    N rows, so w is read once for all of them rather than once per row."""
+    if x.ndim == 3 and x.shape[1] == 1:
+        return linear(x[:, 0], w)[:, None]
     return (w @ x.swapaxes(-1, -2)).swapaxes(-1, -2)
 
 
@@ -84,27 +88,86 @@ def causal_mask(t: int, xp, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def identity(n: int, xp, dtype):
-    """identity(n)[ids] is the one-hot encoding of ids."""
-    return xp.eye(n, dtype=dtype)
+def positions(t: int, xp):
+    """0..t-1, for picking each position's target logit."""
+    return xp.arange(t)
 
 
-def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False):
+class KVCache:
+    """Every layer's keys and values for `rows` sequences, (rows, H, capacity, hd)
+    each: what forward() needs to run one new position per row (sampling)."""
+
+    def __init__(self, keys: list, values: list):
+        self.keys, self.values = keys, values
+
+    @classmethod
+    def empty(cls, model: ModelConfig, rows: int, capacity: int, xp, dtype) -> "KVCache":
+        shape = (rows, model.n_head, capacity, model.head_dim)
+        return cls(*([xp.empty(shape, dtype=dtype) for _ in range(model.n_layer)] for _ in "kv"))
+
+    @staticmethod
+    def bytes_per_token(model: ModelConfig) -> int:
+        """float32 bytes one row's keys and values take per position."""
+        return 2 * model.n_layer * model.n_embd * 4
+
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def store(self, layer: int, k, v, start: int):
+        """Write positions start.. of layer's keys and values; return all of them up to there."""
+        end = start + k.shape[-2]
+        keys, values = self.keys[layer], self.values[layer]
+        keys[..., start:end, :] = k
+        values[..., start:end, :] = v
+        return keys[..., :end, :], values[..., :end, :]
+
+    def resized(self, rows, capacity: int, length: int, xp) -> "KVCache":
+        """A new cache with room for `capacity` positions holding the first `length`
+        of some rows: `rows` is an index array, or an int n for n copies of row 0."""
+        copies = isinstance(rows, int)
+        count = rows if copies else len(rows)
+
+        def moved(old):
+            new = xp.empty((count, old.shape[1], capacity, old.shape[3]), dtype=old.dtype)
+            new[:, :, :length] = old[:1, :, :length] if copies else old[rows, :, :length]
+            return new
+
+        return KVCache([moved(k) for k in self.keys], [moved(v) for v in self.values])
+
+
+def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False, kv: KVCache | None = None,
+            start: int = 0):
     """Final hidden states (..., T, C) of a token array (..., T), and the
-    activations the backward pass needs when keep is True."""
+    activations the backward pass needs when keep is True (their attention
+    probabilities p, per layer, are what an attention map shows).
+
+    With a KVCache, the tokens are positions start..start+T-1 of sequences whose
+    earlier keys and values the cache holds: their own are stored in it and they
+    attend to all of them. Sampling runs one new position per row this way.
+    """
     t = tokens.shape[-1]
     h = model.n_head
     scale = 1.0 / math.sqrt(model.head_dim)
-    mask = causal_mask(t, xp, w.wte.dtype)
-    x, r0 = rmsnorm(w.wte[tokens] + w.wpe[:t], xp)
+    end = start + t
+    # one new position per row may attend to every cached one: no mask needed
+    mask = causal_mask(end, xp, w.wte.dtype)[start:] if t > 1 else None
+    x, r0 = rmsnorm(w.wte[tokens] + w.wpe[start:end], xp)
     cache = [(x, r0)]
-    for qkv_w, wo, fc1, fc2 in w.layers:
+    for layer, (qkv_w, wo, fc1, fc2) in enumerate(w.layers):
         xn, r1 = rmsnorm(x, xp)
         heads = split_heads(linear(xn, qkv_w), 3 * h)  # (..., 3H, T, hd): H queries, H keys, H values
         q, k, v = heads[..., :h, :, :], heads[..., h : 2 * h, :, :], heads[..., 2 * h :, :, :]
+        if kv is not None:
+            k, v = kv.store(layer, k, v, start)
         att = q @ k.swapaxes(-1, -2)
         att *= scale
-        att += mask
+        if mask is not None:
+            att += mask
         att -= att.max(axis=-1, keepdims=True)
         p = xp.exp(att)
         p /= p.sum(axis=-1, keepdims=True)
@@ -127,13 +190,12 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
     logits -= logits.max(axis=-1, keepdims=True)
     probs = xp.exp(logits)
     total = probs.sum(axis=-1, keepdims=True)
-    one_hot = identity(w.wte.shape[0], xp, x.dtype)
-    target_one_hot = one_hot[targets]
-    loss = (xp.log(total).sum() - (logits * target_one_hot).sum()) / t
+    rows = positions(t, xp)
+    loss = (xp.log(total).sum() - logits[rows, targets].sum()) / t
 
     dlogits = probs  # softmax minus one-hot, over T
     dlogits /= total
-    dlogits -= target_one_hot
+    dlogits[rows, targets] -= 1.0
     dlogits *= 1.0 / t
     xp.matmul(dlogits.T, x, out=g.lm_head)
     dx = dlogits @ w.lm_head
@@ -162,10 +224,21 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
 
     x0, r0 = cache[0]
     dx0 = rmsnorm_backward(dx, x0, r0, xp)
-    xp.matmul(one_hot[inputs].T, dx0, out=g.wte)
+    scatter_rows(g.wte, inputs, dx0, xp)  # a token used twice gets both rows' gradient
     g.wpe[:t] = dx0
     g.wpe[t:] = 0
     return loss
+
+
+def step_activation_bytes(model: ModelConfig, vocab_size: int, t: int) -> int:
+    """About the most memory loss_and_grad holds for a t-token step (float32):
+    per layer what the backward pass keeps (normed inputs, q/k/v, attention
+    probabilities, y, the MLP's 4C hidden and activation), then the logits and
+    one layer's backward temporaries."""
+    c, h = model.n_embd, model.n_head
+    kept = model.n_layer * (t * 15 * c + h * t * t)
+    temporaries = 3 * t * vocab_size + 2 * h * t * t + 16 * t * c
+    return 4 * (kept + temporaries)
 
 
 ADAM_BLOCK = 1 << 18  # elements: five 1 MiB blocks per update stay in L2/L3 cache
@@ -206,7 +279,19 @@ def adam_update(p, g, m, v, scratch, lr_t: float, b1: float, b2: float, eps: flo
         pb -= d
 
 
+def scatter_rows(out, rows, values, xp) -> None:
+    """out = 0, then out[rows[i]] += values[i] for each i (repeated rows add up)."""
+    out[...] = 0
+    if xp.__name__ == "cupy":  # CuPy's add.at is recent; scatter_add is its equivalent in every version
+        import cupyx
+
+        cupyx.scatter_add(out, rows, values)
+    else:
+        xp.add.at(out, rows, values)
+
+
 def next_token_logits(w: Weights, tokens, model: ModelConfig, xp):
-    """Logits (N, V) for the token after each row of tokens (N, T)."""
+    """Logits (N, V) for the token after each row of tokens (N, T), recomputing
+    the whole prefix (engine.sampling runs one position at a time instead)."""
     x, _ = forward(w, tokens, model, xp)
     return x[:, -1, :] @ w.lm_head.T

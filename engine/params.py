@@ -51,7 +51,8 @@ def param_specs(model: ModelConfig, vocab_size: int) -> list[ParamSpec]:
 
 
 def num_params(model: ModelConfig, vocab_size: int) -> int:
-    return param_specs(model, vocab_size)[-1].end
+    """The parameter count, without building the layout (n_layer may be absurd)."""
+    return model.num_params(vocab_size)
 
 
 def init_params(model: ModelConfig, vocab_size: int, seed: int, std: float) -> np.ndarray:

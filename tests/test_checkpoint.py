@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -221,3 +222,230 @@ def test_newer_format_version(saved):
     write_npz(saved, arrays)
     with pytest.raises(CheckpointError, match="format 99"):
         load_checkpoint(saved)
+
+
+# ---- fields of the wrong kind, unusable values ------------------------------------
+
+def test_a_npy_file_renamed_npz(tmp_path):
+    path = tmp_path / "weights.npz"
+    with open(path, "wb") as f:
+        np.save(f, np.zeros(10, dtype=np.float32))
+    with pytest.raises(CheckpointError, match=r"single NumPy array \(\.npy\)"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("step", np.array([6, 6])), ("format_version", np.array([1])),
+    ("model.n_embd", np.str_("8")), ("train.num_steps", np.str_("30")),
+    ("train.learning_rate", np.str_("0.02")), ("train.seed", np.float64(9.0)),
+    ("model.n_layer", np.bool_(True)), ("train.beta1", np.array([0.85, 0.85])),
+    ("chars", np.array(list("abc"))), ("docs", np.int64(3)), ("backend", np.bytes_(b"numpy")),
+])
+def test_scalar_fields_of_the_wrong_kind_are_named(saved, key, value):
+    arrays = contents(saved)
+    arrays[key] = value
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(saved)
+    assert f"'{key}' must be" in str(info.value)
+
+
+@pytest.mark.parametrize("key, bad", [("params", np.nan), ("m", np.inf), ("v", -np.inf),
+                                      ("losses", np.nan), ("params", -np.inf)])
+def test_nan_or_infinite_values_are_named(saved, key, bad):
+    arrays = contents(saved)
+    arrays[key] = arrays[key].copy()
+    arrays[key][[0, -1]] = bad
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(saved)
+    assert f"'{key}' holds 2 NaN or infinite values" in str(info.value)
+
+
+def test_negative_second_moments_are_named(saved):
+    arrays = contents(saved)
+    arrays["v"] = arrays["v"].copy()
+    arrays["v"][3] = -1e-6
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError, match="'v' holds 1 negative value"):
+        load_checkpoint(saved)
+
+
+@pytest.mark.parametrize("steps", [10**15, 2**63 - 1])
+def test_an_absurd_num_steps_is_named(saved, steps):
+    arrays = contents(saved)
+    arrays["train.num_steps"] = np.asarray(steps)
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError, match="num_steps must be at most"):
+        load_checkpoint(saved)
+
+
+# ---- sizes checked before decompressing ----------------------------------------------
+
+@pytest.fixture
+def zip_opens(monkeypatch):
+    """Names of the members read_checkpoint decompresses (ZipFile.open calls)."""
+    opened = []
+    real_open = zipfile.ZipFile.open
+
+    def recording_open(self, name, *args, **kwargs):
+        opened.append(getattr(name, "filename", name))
+        return real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", recording_open)
+    return opened
+
+
+def test_an_unknown_member_is_refused_before_anything_is_decompressed(saved, zip_opens):
+    """A small file with a large compressed member (there: 2 GB of zeros in 2.2 MB)."""
+    with zipfile.ZipFile(saved, "a", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open("payload.npy", "w", force_zip64=True) as member:
+            block = bytes(1 << 20)
+            for _ in range(64):
+                member.write(block)
+    assert saved.stat().st_size < 2**20
+    zip_opens.clear()
+    with pytest.raises(CheckpointError, match="unexpected member 'payload.npy'"):
+        load_checkpoint(saved)
+    assert zip_opens == []
+
+
+def test_an_oversized_member_is_refused_before_it_is_decompressed(saved, zip_opens):
+    arrays = contents(saved)
+    arrays["m"] = np.zeros(50 * len(arrays["m"]), dtype=np.float32)
+    write_npz(saved, arrays)
+    zip_opens.clear()
+    with pytest.raises(CheckpointError, match="'m' declares .* more than a 1-D float32 array of"):
+        load_checkpoint(saved)
+    assert "m.npy" not in zip_opens and "params.npy" in zip_opens
+
+
+def test_a_header_that_claims_more_data_than_the_member_holds(saved):
+    """params.npy's header says n values, its zip entry holds 16 bytes: refused
+    without allocating from the header's claim."""
+    arrays = contents(saved)
+    n = len(arrays["params"])
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (n,)})
+    arrays.pop("params")
+    write_npz(saved, arrays)
+    with zipfile.ZipFile(saved, "a") as z:
+        z.writestr("params.npy", header.getvalue() + bytes(16))
+    with pytest.raises(CheckpointError, match="'params' is damaged"):
+        load_checkpoint(saved)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    import threading
+
+    fifo = tmp_path / "run.npz"
+    os.mkfifo(fifo)
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(CheckpointError, read_checkpoint, fifo)),
+                              daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    if thread.is_alive():
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("opening a FIFO blocked")
+    assert "named pipe" in str(errors[0].value)
+
+
+# ---- saving: permissions, leftovers of killed saves ---------------------------------
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_saved_files_get_the_users_usual_permissions(run, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        run.save(tmp_path / "run.npz")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run.npz").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def _age(path, seconds):
+    stamp = os.stat(path).st_mtime - seconds
+    os.utime(path, (stamp, stamp))
+
+
+def test_the_next_save_removes_only_stale_unlocked_leftovers(run, tmp_path):
+    from engine import checkpoint
+
+    folder = tmp_path
+    stale = folder / f"run.npz.0123456789ab{checkpoint.TEMP_SUFFIX}"
+    legacy = folder / "old.npz.k3j_x9ab.tmp"  # mkstemp's name, from earlier versions
+    fresh = folder / f"run.npz.ba9876543210{checkpoint.TEMP_SUFFIX}"  # a save that just began
+    live = folder / f"other.npz.aaaaaaaaaaaa{checkpoint.TEMP_SUFFIX}"  # an old one still being written
+    others = [folder / "notes.tmp", folder / "run.npz.tmp", folder / f"x{checkpoint.TEMP_SUFFIX}"]
+    for p in (stale, legacy, fresh, live, *others):
+        p.write_bytes(b"PK partial")
+    for p in (stale, legacy, live, *others):
+        _age(p, 3600)
+    if checkpoint.fcntl is None:
+        pytest.skip("no file locks here")
+    with open(live, "rb") as holder:
+        checkpoint.fcntl.flock(holder.fileno(), checkpoint.fcntl.LOCK_EX)  # as a save in progress does
+        run.save(folder / "next.npz")
+    names = sorted(os.listdir(folder))
+    assert stale.name not in names and legacy.name not in names
+    assert {fresh.name, live.name, *(p.name for p in others), "next.npz"} == set(names)
+
+
+KILLED_SAVE = r"""
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from engine import Corpus, ModelConfig, TrainConfig, open_backend
+b = open_backend("numpy", ModelConfig(16, 2, 2, 16), TrainConfig(num_steps=20),
+                 Corpus.from_lines(["anna", "bob", "cyril", "dora"]))
+b.train(4)
+b.save(sys.argv[2])
+print("saved", flush=True)
+b.train(4)
+
+def stalled_savez(file, **arrays):  # a large save, caught halfway
+    file.write(b"PK\x03\x04" + bytes(1 << 20))
+    file.flush()
+    print("writing", flush=True)
+    time.sleep(120)
+
+np.savez = stalled_savez
+b.save(sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGKILL"), reason="no SIGKILL here")
+def test_a_save_killed_midway_keeps_the_old_file_and_the_next_save_cleans_up(run, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from engine import checkpoint
+
+    repo_root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "run.npz"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(repo_root), str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        saved_bytes = path.read_bytes()
+        assert proc.stdout.readline().strip() == "writing"
+        leftovers = [n for n in os.listdir(tmp_path) if n.endswith(checkpoint.TEMP_SUFFIX)]
+        assert len(leftovers) == 1
+        assert checkpoint.remove_stale_temp_files(tmp_path, min_age=0) == []  # locked: a live save
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert path.read_bytes() == saved_bytes and read_checkpoint(path).step == 4  # intact
+    assert (tmp_path / leftovers[0]).stat().st_size > 1 << 20
+    run.save(tmp_path / "later.npz")  # too recent to be sure it is stale: kept
+    assert leftovers[0] in os.listdir(tmp_path)
+    _age(tmp_path / leftovers[0], checkpoint.STALE_TEMP_SECONDS + 60)
+    run.save(tmp_path / "later.npz")
+    assert sorted(os.listdir(tmp_path)) == ["later.npz", "run.npz"]

@@ -67,6 +67,15 @@ def test_invalid_train_config_raises_value_error_naming_the_field(kwargs, words)
         assert word in message, f"{word!r} missing from {message!r}"
 
 
+def test_num_steps_is_capped():
+    from engine.config import MAX_NUM_STEPS
+
+    assert TrainConfig(num_steps=MAX_NUM_STEPS).num_steps == MAX_NUM_STEPS
+    with pytest.raises(ValueError, match=r"num_steps must be at most 10\^12") as info:
+        TrainConfig(num_steps=MAX_NUM_STEPS + 1)
+    assert f"{MAX_NUM_STEPS + 1:,}" in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["learning_rate", "init_std", "eps"])
 def test_infinite_positive_values_are_rejected(name):
     # inf passes a plain "> 0" check but turns every parameter into inf/NaN.

@@ -5,13 +5,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import os
 import socket
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 from engine import Corpus, DatasetError, default_dataset_path
+import engine.data as data
 from engine.data import download_dataset
 
 
@@ -102,6 +105,77 @@ def test_missing_file_and_directory_are_dataset_errors(tmp_path):
         Corpus.from_file(tmp_path / "nope.txt")
     with pytest.raises(DatasetError, match="directory"):
         Corpus.from_file(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    """A FIFO with no writer: opening it to read would wait forever."""
+    fifo = tmp_path / "names.fifo"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load():
+        try:
+            Corpus.from_file(fifo)
+        except DatasetError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    if thread.is_alive():  # unblock the reader before failing
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("reading a FIFO blocked")
+    assert outcome and "named pipe" in str(outcome[0]) and "names.fifo" in str(outcome[0])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_devices_are_refused_not_read():
+    with pytest.raises(DatasetError, match="/dev/null is a character device"):
+        Corpus.from_file("/dev/null")
+    # endless: through the bounded reader, so that if the device check ever goes,
+    # this reads 64 MiB and fails, instead of filling the machine's memory
+    with pytest.raises(DatasetError, match="character device"):
+        data.read_dataset_bytes("/dev/zero")
+
+
+def test_files_over_the_size_limit_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MAX_DATASET_BYTES", 1000)
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"anna\n" * 200)  # exactly 1000 bytes: accepted
+    assert len(Corpus.from_file(path)) == 200
+    path.write_bytes(b"anna\n" * 201)
+    with pytest.raises(DatasetError) as info:
+        Corpus.from_file(path)
+    assert "big.txt" in str(info.value) and "1000 bytes" in str(info.value)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_file_that_reports_no_size_is_read_with_a_bound(monkeypatch):
+    """/proc files report size 0 and still have content: the read stops at the limit."""
+    with pytest.raises(DatasetError, match="larger than"):
+        data.read_dataset_bytes("/proc/self/status", limit=100)
+    assert len(data.read_dataset_bytes("/proc/self/status", limit=1 << 20)) > 100
+
+
+def test_a_utf8_byte_order_mark_is_not_a_character(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffzoë\nanna\n".encode("utf-8"))
+    corpus = Corpus.from_file(path)
+    assert "\ufeff" not in corpus.chars
+    assert sorted(corpus.docs) == ["anna", "zoë"]
+    assert corpus.vocab_size == len(set("zoëanna")) + 1
+
+
+def test_the_vocabulary_is_capped_with_the_reason():
+    cap = data.MAX_VOCAB_CHARS
+    chars = [chr(0x4E00 + i) for i in range(cap + 1)]
+    with pytest.raises(DatasetError) as info:
+        Corpus.from_lines(["".join(chars[i : i + 50]) for i in range(0, cap + 1, 50)])
+    message = str(info.value)
+    assert f"{cap + 1:,} different characters" in message and f"at most {cap:,}" in message
+    assert len(Corpus.from_lines(["".join(chars[:cap])]).chars) == cap
 
 
 # ---- token arrays and steps ----------------------------------------------------

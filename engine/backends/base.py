@@ -6,7 +6,6 @@ checkpoints. A subclass supplies the arithmetic through the `_` methods.
 """
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable
@@ -16,8 +15,11 @@ import numpy as np
 from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
-from ..errors import BackendError, Cancelled, TrainingDiverged
+from ..errors import BackendError, TrainingDiverged
+from ..memory import available_memory_bytes, format_bytes, format_count
+from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
+from ..sampling import MAX_SAMPLES, memory_bytes as sampling_memory_bytes
 
 
 @dataclass
@@ -47,19 +49,8 @@ def sample_rows_to_ids(rows, bos: int) -> list[list[int]]:
     return samples
 
 
-def available_memory_bytes() -> int | None:
-    """Memory the OS can hand out without swapping (Linux's MemAvailable); None if unknown."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+# Allocations under this size are not checked against free memory (the check reads /proc).
+LARGE_ALLOCATION = 64 << 20
 
 
 class Backend(ABC):
@@ -67,32 +58,80 @@ class Backend(ABC):
     # Parameter-sized float32 buffers this backend holds in host memory at its
     # peak (the initial parameters and a read-back copy, by default).
     host_buffers: int = 2
+    # Whether a training step's activations and sampling's caches are in host
+    # memory (not on a GPU): the memory check counts them then.
+    host_activations: bool = True
 
     def __init__(self, model: ModelConfig, train: TrainConfig, corpus: Corpus,
                  params: np.ndarray | None = None):
         if not isinstance(model, ModelConfig) or not isinstance(train, TrainConfig):
             raise TypeError("open_backend needs a ModelConfig and a TrainConfig")
         self.model, self.train_config, self.corpus = model, train, corpus
+        self.num_params = model.num_params(corpus.vocab_size)
+        self._check_host_memory()  # before anything the size of the model exists
         self.specs = param_specs(model, corpus.vocab_size)
-        self.num_params = self.specs[-1].end
-        self._check_host_memory()
         if params is None:
             params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
         elif params.shape != (self.num_params,):
             raise ValueError(f"expected {self.num_params} parameters, got {params.shape}")
         self._step = 0
-        self._losses = np.full(train.num_steps, np.nan, dtype=np.float32)
+        self._losses = np.empty(0, dtype=np.float32)  # grows as steps happen (_record_losses)
         self._setup(np.ascontiguousarray(params, dtype=np.float32))
+
+    # memory -----------------------------------------------------------------
+    def memory_needs(self) -> list[tuple[str, int]]:
+        """What this backend holds in host memory at its peak: (what for, bytes)."""
+        model, vocab = self.model, self.corpus.vocab_size
+        needs = [(f"{self.host_buffers} copies of the parameters (weights, gradient, Adam moments, "
+                  "copies while saving)", self.host_buffers * self.num_params * 4)]
+        if self.host_activations:
+            t = min(model.block_size, self.corpus.arrays.max_length - 1)
+            needs.append((f"a training step's activations ({t:,} tokens)",
+                          step_activation_bytes(model, vocab, t)))
+            needs.append(("sampling", self._sampling_memory_bytes()))
+        return needs
+
+    def _sampling_memory_bytes(self) -> int:
+        """Sampling's caches and logits at their largest (engine.sampling's, by default)."""
+        return sampling_memory_bytes(self.model, self.corpus.vocab_size)
 
     def _check_host_memory(self) -> None:
         """Refuse a model that cannot fit, before allocating it: on Linux an
         allocation past free memory can succeed and then get the process killed."""
-        need, free = self.host_buffers * self.num_params * 4, available_memory_bytes()
-        if free is not None and need > free:
-            raise BackendError(
-                f"the model has {self.num_params:,} parameters: the {self.name} backend needs about "
-                f"{need / 2**30:.1f} GiB of memory for them, but {free / 2**30:.1f} GiB is available. "
-                "Choose a smaller model (n_embd, n_layer) or close other programs.")
+        needs = self.memory_needs()
+        need, free = sum(size for _, size in needs), available_memory_bytes()
+        if free is None or need <= free:
+            return
+        m, vocab = self.model, self.corpus.vocab_size
+        parts = "; ".join(f"{format_bytes(size)} for {what}" for what, size in needs)
+        embeddings = 2 * vocab * m.n_embd
+        why = (f" The vocabulary of {vocab:,} characters (wte and lm_head) makes "
+               f"{embeddings / self.num_params:.0%} of the parameters; a dataset with fewer distinct "
+               "characters needs less." if embeddings > self.num_params / 2 else "")
+        raise BackendError(
+            f"the model has {format_count(self.num_params)} parameters (n_embd {m.n_embd:,}, "
+            f"{m.n_layer:,} layers, block_size {m.block_size:,}, vocabulary {vocab:,}): the "
+            f"{self.name} backend needs about {format_bytes(need)} of memory ({parts}), but "
+            f"{format_bytes(free)} is available.{why} Choose a smaller model (n_embd, n_layer, "
+            "block_size) or close other programs.")
+
+    def _check_fits(self, what: str, nbytes: int, advice: str) -> None:
+        free = available_memory_bytes()
+        if free is not None and nbytes > free:
+            raise BackendError(f"{what} needs {format_bytes(nbytes)} of memory, but "
+                               f"{format_bytes(free)} is available; {advice}")
+
+    def _record_losses(self, losses: np.ndarray) -> None:
+        """Append the losses of steps just trained and advance the step; the history
+        doubles when full, so a long run's history costs what its steps so far need."""
+        end = self._step + len(losses)
+        if end > len(self._losses):
+            size = min(max(end, 2 * len(self._losses), 1024), self.train_config.num_steps)
+            grown = np.empty(size, dtype=np.float32)
+            grown[: self._step] = self._losses[: self._step]
+            self._losses = grown
+        self._losses[self._step : end] = losses
+        self._step = end
 
     # what a subclass implements --------------------------------------------
     @abstractmethod
@@ -151,11 +190,15 @@ class Backend(ABC):
         k = min(int(k), self.train_config.num_steps - self._step)
         if k <= 0:
             return np.empty(0, dtype=np.float32)
+        losses_bytes = 4 * (k + 2 * (self._step + k))  # this call's, and the history doubled
+        if losses_bytes > LARGE_ALLOCATION:
+            self._check_fits(f"training {k:,} steps in one call (the losses it returns and the loss "
+                             f"history of {self._step + k:,} steps)", losses_bytes,
+                             "train fewer steps per call.")
         losses = np.asarray(self._train_steps(k), dtype=np.float32)
         bad = ~np.isfinite(losses)
         good = losses[: int(np.argmax(bad))] if bad.any() else losses
-        self._losses[self._step : self._step + len(good)] = good
-        self._step += len(good)
+        self._record_losses(good)
         if bad.any():
             raise TrainingDiverged(self._step, float(losses[len(good)]))
         return losses
@@ -169,6 +212,11 @@ class Backend(ABC):
         raises Cancelled (the training state is never changed by sampling)."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if num_samples > MAX_SAMPLES:
+            raise ValueError(
+                f"num_samples must be at most {MAX_SAMPLES:,} per call, got {num_samples:,}: names are "
+                "generated one character at a time, so more would take minutes and hold every name in "
+                "memory. Sample in several calls (with different seeds) instead.")
         if not isinstance(temperature, (int, float, np.floating)) or not temperature > 0:
             raise ValueError(f"temperature must be greater than 0, got {temperature!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -205,10 +253,14 @@ class Backend(ABC):
             raise ValueError(f"step {state.step} is outside 0..{self.train_config.num_steps}")
         self._set_state(TrainState(*(np.ascontiguousarray(getattr(state, a), dtype=np.float32)
                                      for a in ("params", "m", "v")), int(state.step)))
-        self._step = int(state.step)
-        self._losses[:] = np.nan
+        step = int(state.step)
+        self._check_fits(f"the loss history of {step:,} steps", 4 * step, "close other programs.")
+        history = np.full(step, np.nan, dtype=np.float32)  # unknown losses are NaN
         if losses is not None:
-            self._losses[: min(len(losses), self._step)] = losses[: self._step]
+            known = np.asarray(losses, dtype=np.float32)[:step]
+            history[: len(known)] = known
+        self._step, self._losses = 0, np.empty(0, dtype=np.float32)
+        self._record_losses(history)
 
     def save(self, path) -> None:
         save_checkpoint(path, self)

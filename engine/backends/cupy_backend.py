@@ -257,7 +257,10 @@ class CupyBackend(NumpyBackend):
 
     name = "cupy"
     xp = None  # cupy, bound when the backend opens
-    host_buffers = 2  # the state lives on the GPU; the host holds the initial parameters
+    # the state lives on the GPU; the host holds the initial parameters, and
+    # get_state's copies of the parameters and moments while saving
+    host_buffers = 4
+    host_activations = False  # activations and sampling's caches are on the GPU
 
     # device hooks (a subclass running this logic on NumPy overrides these two) --
     def _bind(self) -> None:
@@ -340,8 +343,7 @@ class CupyBackend(NumpyBackend):
         bad = ~np.isfinite(host)
         if bad.any():  # the loss diverged before memory ran out: that is the error to report
             return losses_until_divergence(host)
-        self._losses[self._step : self._step + done] = host
-        self._step += done
+        self._record_losses(host)
         self._free_pool()
         raise BackendError(self._oom_message(
             f"training step {self._step + 1}",

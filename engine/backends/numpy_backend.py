@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..model import ADAM_BLOCK, Weights, adam_update, loss_and_grad, next_token_logits
-from ..errors import Cancelled
-from .base import Backend, TrainState, sample_rows_to_ids
+from ..model import ADAM_BLOCK, Weights, adam_update, loss_and_grad
+from ..sampling import sample_ids
+from .base import Backend, TrainState
 
 # Adam is memory-bound and NumPy's element-wise operations use one core; on
 # large models, contiguous parts of the buffers are updated in parallel threads
@@ -35,7 +35,9 @@ def usable_cores() -> int:
 class NumpyBackend(Backend):
     name = "numpy"
     xp = np
-    host_buffers = 5  # p, g, m, v, and the initial parameters while they are copied in
+    # p, g, m, v, and three more while saving (get_state's copies of p, m, v) or
+    # opening (the initial parameters, or a checkpoint's params, m and v)
+    host_buffers = 7
 
     def _setup(self, params: np.ndarray) -> None:
         xp, n = self.xp, self.num_params
@@ -105,22 +107,8 @@ class NumpyBackend(Backend):
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
                     cancel=None) -> list[list[int]]:
-        xp, bos = self.xp, self.corpus.bos
-        rng = np.random.default_rng(seed)
-        start = np.array([bos, *prefix], dtype=np.int64)
-        tokens = np.tile(start, (num_samples, 1))
-        done = np.zeros(num_samples, dtype=bool)
-        for _ in range(self.model.block_size - len(prefix)):
-            if cancel is not None and cancel():
-                raise Cancelled("sampling was cancelled")
-            logits = self._to_host(next_token_logits(self.w, xp.asarray(tokens), self.model, xp))
-            nxt = draw(logits.astype(np.float64) / temperature, rng)
-            nxt[done] = bos
-            done |= nxt == bos
-            tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
-            if done.all():
-                break
-        return sample_rows_to_ids(tokens[:, len(start):], bos)
+        return sample_ids(self.w, self.model, self.xp, self.corpus.bos, num_samples, temperature,
+                          seed, prefix, cancel, self._to_host)
 
     def _get_state(self) -> TrainState:
         return TrainState(self._to_host(self.p), self._to_host(self.m), self._to_host(self.v), self._step)
@@ -129,12 +117,4 @@ class NumpyBackend(Backend):
         self.p[...] = self.xp.asarray(state.params)
         self.m[...] = self.xp.asarray(state.m)
         self.v[...] = self.xp.asarray(state.v)
-
-
-def draw(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One token per row from softmax(logits), by inverse CDF of a uniform draw."""
-    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    cdf = np.cumsum(z / z.sum(axis=-1, keepdims=True), axis=-1)
-    u = rng.random(len(logits))
-    return np.minimum((cdf < u[:, None]).sum(axis=-1), logits.shape[-1] - 1)
 
