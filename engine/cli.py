@@ -29,6 +29,7 @@ from .health import loss_warning
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
 COMMANDS = ("demo", "bench")
+MAX_STEPS_PER_CALL = 100_000  # demo's train(k) calls: at most this many steps (400 KB of losses)
 NO_DISPLAY = "no display: run it on a desktop, or use `microgpt-gui demo` / `bench` headless"
 
 
@@ -312,11 +313,15 @@ def run_demo(args) -> int:
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
               f"backend {args.backend}, lr {train.learning_rate:g}, init_std {train.init_std:g}, seed {train.seed}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
-        chunk = max(1, args.steps // 10)
+        report_every = max(1, args.steps // 10)
         warned = False
         start = time.perf_counter()
         while not backend.finished:
-            losses = backend.train(chunk)
+            mark = min(args.steps, (backend.step // report_every + 1) * report_every)
+            # bounded calls: one call's losses come back as one array
+            losses = backend.train(min(mark - backend.step, MAX_STEPS_PER_CALL))
+            if backend.step < mark:
+                continue
             print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}", flush=True)
             if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
                 print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
