@@ -15,6 +15,7 @@ from engine import futhark_build as fb
 from engine import futhark_tools as ft
 from engine.backends import futhark_backend as fbk
 from engine.params import ParamSpec
+from futhark_support import CPU_BACKENDS, open_futhark, requires_futhark
 
 NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper", "evelyn",
          "abigail", "emily", "ella", "elizabeth", "camila", "luna", "bo", "christopherjohn"]
@@ -104,26 +105,6 @@ def test_the_four_backends_are_registered():
 
 # -- with the compiler ----------------------------------------------------------
 
-def _compiler_reason() -> str | None:
-    try:
-        ft.find_compiler()
-    except ft.CompilerNotFound as exc:
-        return str(exc)
-    return None
-
-
-_NO_FUTHARK = _compiler_reason()
-requires_futhark = pytest.mark.skipif(_NO_FUTHARK is not None, reason=f"needs the Futhark compiler: {_NO_FUTHARK}")
-CPU_BACKENDS = ["futhark-c", "futhark-multicore"]
-
-
-def _open(name, model, train, corpus, params=None):
-    available, reason = fb.probe(name.removeprefix("futhark-"))
-    if not available:
-        pytest.skip(f"{name}: {reason}")
-    return open_backend(name, model, train, corpus, params)
-
-
 @pytest.mark.futhark
 @requires_futhark
 @pytest.mark.parametrize("name", CPU_BACKENDS)
@@ -131,7 +112,7 @@ def _open(name, model, train, corpus, params=None):
 def test_50_steps_match_numpy(name, model, names_corpus):
     train = TrainConfig(num_steps=60, learning_rate=0.01)
     reference = open_backend("numpy", model, train, names_corpus)
-    backend = _open(name, model, train, names_corpus)
+    backend = open_futhark(name, model, train, names_corpus)
     try:
         expected = np.concatenate([reference.train(20), reference.train(30)])
         got = np.concatenate([backend.train(1), backend.train(19), backend.train(30)])
@@ -150,7 +131,7 @@ def test_50_steps_match_numpy(name, model, names_corpus):
 @pytest.mark.parametrize("name", CPU_BACKENDS)
 def test_samples_are_valid_names(name, corpus):
     model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8)
-    backend = _open(name, model, TrainConfig(num_steps=40), corpus)
+    backend = open_futhark(name, model, TrainConfig(num_steps=40), corpus)
     backend.train(40)
     samples = backend.sample(25, temperature=0.8, seed=7)
     assert len(samples) == 25
@@ -169,7 +150,7 @@ def test_samples_are_valid_names(name, corpus):
 @requires_futhark
 def test_checkpoints_move_between_futhark_and_numpy(names_corpus, tmp_path):
     model, train = TWO_LAYERS, TrainConfig(num_steps=40)
-    futhark = _open("futhark-c", model, train, names_corpus)
+    futhark = open_futhark("futhark-c", model, train, names_corpus)
     futhark.train(15)
     futhark.save(tmp_path / "f.npz")
     numpy_resumed = load_checkpoint(tmp_path / "f.npz", backend="numpy")
@@ -190,13 +171,13 @@ def test_checkpoints_move_between_futhark_and_numpy(names_corpus, tmp_path):
 def test_divergence_keeps_the_parameters_from_before(corpus):
     model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8)
     train = TrainConfig(num_steps=50, learning_rate=1e30)  # blows up within a few steps
-    futhark = _open("futhark-c", model, train, corpus)
+    futhark = open_futhark("futhark-c", model, train, corpus)
     with pytest.raises(TrainingDiverged) as error:
         futhark.train(50)
     good = futhark.step
     assert error.value.step == good and 0 < good < 50 and not np.isfinite(error.value.loss)
     # a second run that stops just before the bad step is in the same state
-    before = _open("futhark-c", model, train, corpus)
+    before = open_futhark("futhark-c", model, train, corpus)
     np.testing.assert_array_equal(before.train(good), futhark.loss_history)
     for field in ("params", "m", "v", "step"):
         np.testing.assert_array_equal(getattr(futhark.get_state(), field), getattr(before.get_state(), field))
@@ -212,7 +193,7 @@ def test_divergence_keeps_the_parameters_from_before(corpus):
 @requires_futhark
 def test_a_run_time_error_is_an_exception_and_keeps_the_state(corpus):
     model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=20)
-    futhark = _open("futhark-c", model, train, corpus)
+    futhark = open_futhark("futhark-c", model, train, corpus)
     reference = open_backend("numpy", model, train, corpus)
     np.testing.assert_allclose(futhark.train(3), reference.train(3), atol=1e-5)
     # a state whose corpus holds a token id outside the vocabulary: the kernel's
@@ -233,7 +214,7 @@ def test_a_run_time_error_is_an_exception_and_keeps_the_state(corpus):
 def test_new_state_refuses_a_layout_that_does_not_fit(corpus, change):
     """The kernel reads matrices unchecked, so it checks the layout once, up front."""
     model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=5)
-    futhark = _open("futhark-c", model, train, corpus)
+    futhark = open_futhark("futhark-c", model, train, corpus)
     args = list(fbk.state_arguments(model, train, corpus, futhark.specs, futhark.get_state().params))
     layout = args[11].copy()
     if change == "past-the-end":
@@ -259,7 +240,7 @@ def test_one_library_serves_every_size(corpus):
     before = libdir.stat().st_mtime_ns
     for model in (ModelConfig(n_embd=8, n_layer=1, n_head=1, block_size=4),
                   ModelConfig(n_embd=24, n_layer=3, n_head=3, block_size=12)):
-        backend = _open("futhark-c", model, TrainConfig(num_steps=3), corpus)
+        backend = open_futhark("futhark-c", model, TrainConfig(num_steps=3), corpus)
         reference = open_backend("numpy", model, TrainConfig(num_steps=3), corpus)
         np.testing.assert_allclose(backend.train(3), reference.train(3), atol=1e-4)
         backend.close()
