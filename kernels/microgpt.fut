@@ -42,33 +42,26 @@ def finite (x: f32): bool = !(f32.isnan x || f32.isinf x)
 def as_rows [p] (rows: i64) (c: i64) (flat: [p]f32): [rows][c]f32 =
   matrix flat 0 rows c
 
--- | Runs up to k steps from (params, m, v, step); returns them and the k
+-- | Runs up to k steps from the state; returns the new state and the k
 -- losses.  A non-finite loss stops the loop without applying that step's
 -- update (its loss is reported, the later entries stay NaN), so the state
--- keeps the parameters from before it.  (The arrays come as separate
--- arguments: the loop may not start from fields of one record.)
-def train_loop [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
-                            (step: i64) (k: i64): ([p]f32, [p]f32, [p]f32, i64, [k]f32) =
+-- keeps the parameters from before it.  The steps update copies of the
+-- buffers in place: the state passed in stays as it was, so a call that
+-- fails leaves it usable.
+def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][d], [k]f32) =
   let c = s.dims.n_embd
-  let (c3, f, nv, nl) = (3 * c, 4 * c, s.dims.vocab, s.dims.n_layer)
-  let (rows, nx) = (p / c, 2 + 7 * nl)
-  -- The loop carries the buffers as (P / C, C) rows, the shape the update
-  -- produces (reshaping them each step made Futhark copy them).
+  let rows = p / c
   let (params, m, v, step, losses, _) =
-    loop (params: [rows][c]f32, m: [rows][c]f32, v: [rows][c]f32, step, losses: *[k]f32, i) =
-         (as_rows rows c params, as_rows rows c m, as_rows rows c v, step, replicate k f32.nan, 0)
+    loop (params: *[rows][c]f32, m: *[rows][c]f32, v: *[rows][c]f32, step, losses: *[k]f32, i) =
+         (copy (as_rows rows c s.params), copy (as_rows rows c s.m), copy (as_rows rows c s.v),
+          s.step, replicate k f32.nan, 0)
     while i < k do
       let (inputs, targets) = document s step
-      let (loss, sources) = backward s.dims s.layout s.blocks (flatten params) inputs targets
-      let sources = sources :> sources [][c][c3][f][nv][nl][nx]
+      let (loss, params, m, v) =
+        train_step s.dims s.layout s.blocks (adam_update (adam_scalars s.adam step)) inputs targets params m v
       let ok = finite loss
-      let (params, m, v) = adam_rows s.dims s.adam step ok sources params m v
       in (params, m, v, if ok then step + 1 else step, losses with [i] = loss, if ok then i + 1 else k)
-  in (flatten params :> [p]f32, flatten m :> [p]f32, flatten v :> [p]f32, step, losses)
-
-def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][d], [k]f32) =
-  let (params, m, v, step, losses) = train_loop s s.params s.m s.v s.step k
-  in (with_training s params m v step, losses)
+  in (with_training s (flatten params :> [p]f32) (flatten m :> [p]f32) (flatten v :> [p]f32) step, losses)
 
 -- * Entry points
 --
@@ -104,13 +97,17 @@ entry grad_vjp [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (f32, [p]f32) =
   let (inputs, targets) = document s step
   in vjp2 (loss s.dims s.layout inputs targets) s.params 1
 
--- | The same from the hand-written backward pass that training uses.
+-- | The same from the backward pass that training uses, its update
+-- storing each gradient in place of the parameter.
 entry grad_fast [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (f32, [p]f32) =
   let (inputs, targets) = document s step
-  let (loss, sources) = backward s.dims s.layout s.blocks s.params inputs targets
   let c = s.dims.n_embd
-  let rows = gradient_rows s.dims (p / c) (sources :> sources [][c][][][][][])
-  in (loss, flatten rows :> [p]f32)
+  let rows = p / c
+  let store_gradient _ g m v = (g, m, v)
+  let (loss, grad, _, _) =
+    train_step s.dims s.layout s.blocks store_gradient inputs targets
+               (copy (as_rows rows c s.params)) (copy (as_rows rows c s.m)) (copy (as_rows rows c s.v))
+  in (loss, flatten grad :> [p]f32)
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix: row j holds the block_size - len(prefix) tokens drawn

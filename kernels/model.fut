@@ -31,12 +31,12 @@ def parallel_work: i64 = 1 << 16
 -- dot product runs over two contiguous rows.  The result (O, T) is turned
 -- back by indexing rather than `transpose`, which `vjp` in Futhark 0.25.9
 -- failed on.
-def linear [t][i][o] (x: [t][i]f32) (w: [o][i]f32): [t][o]f32 =
+def linear [t][i][o] (x: [t][i]f32) (w: [o][i]f32): *[t][o]f32 =
   let y = map (\wr -> map (\xr -> dot xr wr) x) w  -- (O, T)
   in tabulate_2d t o (\a b -> y[b, a])
 
 -- | a @ b for small matrices (attention's (T, T) by (T, D)).
-def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): [n][m]f32 =
+def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
   tabulate_2d n m (\i j -> f32.sum (map2 (\x br -> x * #[unsafe] br[j]) a[i] b))
 
 -- | dy @ w for dy (T, O) and w (O, I): the gradient of `linear` with
@@ -53,7 +53,7 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): [n][m]f32 =
 -- weight matrix of the flat buffer from the buffer's start (wrong
 -- gradients with Futhark 0.25.34).
 #[inline]
-def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): [t][i]f32 =
+def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f32 =
   if blocks <= 1 || t * o * i < parallel_work then
     #[unsafe]
     loop acc = map (\dyr -> map (* dyr[0]) w[0]) dy for r' < o - 1 do
@@ -89,7 +89,7 @@ def rmsnorm_back [c] (dy: [c]f32) (y: [c]f32) (r: f32): [c]f32 =
   let mean_dy_y = dot dy y / f32.i64 c
   in map2 (\d yv -> r * (d - yv * mean_dy_y)) dy y
 
-def add_rows [t][c] (x: [t][c]f32) (y: [t][c]f32): [t][c]f32 =
+def add_rows [t][c] (x: [t][c]f32) (y: [t][c]f32): *[t][c]f32 =
   map2 (map2 (+)) x y
 
 -- * The parameter layout
@@ -157,7 +157,7 @@ def head [t][c] (d: i64) (x: [t][c]f32) (h: i64): [t][d]f32 =
   map (\row -> #[unsafe] (row[h * d:h * d + d] :> [d]f32)) x
 
 -- | Heads (H, T, D) back to (T, C).
-def merge_heads [h][t][d] (c: i64) (heads: [h][t][d]f32): [t][c]f32 =
+def merge_heads [h][t][d] (c: i64) (heads: [h][t][d]f32): *[t][c]f32 =
   tabulate_2d t c (\i j -> #[unsafe] heads[j / d, i, j % d])
 
 -- | Everything a layer computed that its gradient needs.
@@ -172,7 +172,7 @@ type layer_acts [t][c][f][h] =
 -- | relu(rmsnorm(x) @ fc1.T) @ fc2.T: the MLP's contribution, with its
 -- normalised input, scales and fc1 output.
 def mlp [t][c][f] (fc1: [f][c]f32) (fc2: [c][f]f32) (x: [t][c]f32)
-                  : ([t][c]f32, [t][c]f32, [t]f32, [t][f]f32) =
+                  : (*[t][c]f32, *[t][c]f32, *[t]f32, *[t][f]f32) =
   let r2 = map rms_scale x
   let xn2 = map2 (\row r -> map (* r) row) x r2
   let hid = linear xn2 fc1
@@ -180,7 +180,7 @@ def mlp [t][c][f] (fc1: [f][c]f32) (fc2: [c][f]f32) (x: [t][c]f32)
 
 -- | One pre-norm transformer layer (T, C) -> (T, C), with its activations.
 def block_acts [t][c][c3][f] (n_head: i64) (w: layer [c][c3][f]) (x: [t][c]f32)
-                             : ([t][c]f32, layer_acts [t][c][f][n_head]) =
+                             : (*[t][c]f32, *layer_acts [t][c][f][n_head]) =
   let d = c / n_head
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   let r1 = map rms_scale x
@@ -204,7 +204,7 @@ def block_acts [t][c][c3][f] (n_head: i64) (w: layer [c][c3][f]) (x: [t][c]f32)
 -- | The first hidden states rmsnorm(wte[tok] + wpe[pos]) of tokens at
 -- positions first, first + 1, ..., with their rmsnorm scales.
 def embed [v][b][c][t] (wte: [v][c]f32) (wpe: [b][c]f32) (first: i64) (tokens: [t]i32)
-                       : ([t][c]f32, [t]f32) =
+                       : (*[t][c]f32, *[t]f32) =
   let e = map2 (\tok pos -> map2 (+) wte[i64.i32 tok] wpe[first + pos]) tokens (iota t)
   let r0 = map rms_scale e
   in (map2 (\row r -> map (* r) row) e r0, r0)
