@@ -14,26 +14,19 @@ import "sample"
 -- | Everything a run needs between calls, kept in the Futhark context:
 -- P parameters with their Adam moments, the layout (3 + 6 n_layer
 -- offsets), and the corpus as N tokens of D documents, document i being
--- tokens[offsets[i] : offsets[i] + lengths[i]] = [bos] ++ name ++ [bos].
--- `blocks`: how many parts the backward products may be split into
--- (model.fut's back_linear), chosen by the host for its backend.
+-- tokens[offsets[i] : offsets[i] + lengths[i]] = [bos] ++ name ++ [bos],
+-- of which a step reads the first windows[i] + 1 (see `window`).
+-- `blocks`: how the backward products run (model.fut's back_linear): 1
+-- for sequential C, the number of threads for multicore, 0 for a GPU.
 type state [p][l][n][d] =
   {dims: dims, adam: adam, blocks: i64, layout: [l]i64,
    params: [p]f32, m: [p]f32, v: [p]f32, step: i64,
-   tokens: [n]i32, offsets: [d]i64, lengths: [d]i32}
+   tokens: [n]i32, offsets: [d]i64, windows: [d]i64}
 
 def with_training [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
                                 (step: i64): state [p][l][n][d] =
   {dims = s.dims, adam = s.adam, blocks = s.blocks, layout = s.layout, params, m, v, step,
-   tokens = s.tokens, offsets = s.offsets, lengths = s.lengths}
-
--- | Training step `step` reads document step % D, its first
--- T = min(block_size, length - 1) positions, no padding: (inputs, targets).
-def document [p][l][n][d] (s: state [p][l][n][d]) (step: i64): ?[t].([t]i32, [t]i32) =
-  let doc = step % d
-  let t = i64.min s.dims.block_size (i64.i32 s.lengths[doc] - 1)
-  let start = s.offsets[doc]
-  in (s.tokens[start:start + t] :> [t]i32, s.tokens[start + 1:start + 1 + t] :> [t]i32)
+   tokens = s.tokens, offsets = s.offsets, windows = s.windows}
 
 def finite (x: f32): bool = !(f32.isnan x || f32.isinf x)
 
@@ -42,24 +35,48 @@ def finite (x: f32): bool = !(f32.isnan x || f32.isinf x)
 def as_rows [p] (rows: i64) (c: i64) (flat: [p]f32): [rows][c]f32 =
   matrix flat 0 rows c
 
--- | Runs up to k steps from the state; returns the new state and the k
--- losses.  A non-finite loss stops the loop without applying that step's
--- update (its loss is reported, the later entries stay NaN), so the state
--- keeps the parameters from before it.  The steps update copies of the
--- buffers in place: the state passed in stays as it was, so a call that
+-- | Where training step `step` reads: document step % D, its first
+-- T = min(block_size, length - 1) positions, no padding.  The inputs are
+-- tokens[start : start + T], the targets one further: (start, T).
+-- (T comes precomputed from new_state, and the callers slice with sizes
+-- bound by `let`: sizes computed by calling a function, or returned
+-- existentially, made Futhark 0.25.34 fail with internal errors.)
+def window [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (i64, i64) =
+  let doc = step % d
+  in (s.offsets[doc], s.windows[doc])
+
+-- | Loss and gradient sources of one document at params (P / C, C).
+def step_sources [p][l][n][d][rows][c][t] (s: state [p][l][n][d]) (params: [rows][c]f32)
+                                          (inputs: [t]i32) (targets: [t]i32) =
+  let (c3, f, nv, nl) = (3 * c, 4 * c, s.dims.vocab, s.dims.n_layer)
+  let (loss, sources) = backward s.dims s.layout s.blocks (flatten params) inputs targets
+  -- a copy (a few T-row arrays) that does not alias params, which the
+  -- in-place update consumes
+  in (loss, copy sources :> sources [t][c][c3][f][nv][nl][2 + 7 * nl])
+
+-- | Adam's update at `step`, or none (a diverged step, ok = false).
+def adam_at (a: adam) (step: i64) (ok: bool): update =
+  let sc = adam_scalars a step
+  in \p g m v -> if ok then adam_update sc p g m v else (p, m, v)
+
+-- | Runs up to k steps; returns the new state and the k losses.  A
+-- non-finite loss stops the loop without applying that step's update (its
+-- loss is reported, the later entries stay NaN), so the state keeps the
+-- parameters from before it.  The steps update copies of the buffers in
+-- place (update_all): the state passed in stays as it was, so a call that
 -- fails leaves it usable.
 def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][d], [k]f32) =
   let c = s.dims.n_embd
   let rows = p / c
   let (params, m, v, step, losses, _) =
     loop (params: *[rows][c]f32, m: *[rows][c]f32, v: *[rows][c]f32, step, losses: *[k]f32, i) =
-         (copy (as_rows rows c s.params), copy (as_rows rows c s.m), copy (as_rows rows c s.v),
-          s.step, replicate k f32.nan, 0)
+         (copy (as_rows rows c s.params), copy (as_rows rows c s.m), copy (as_rows rows c s.v), s.step, replicate k f32.nan, 0)
     while i < k do
-      let (inputs, targets) = document s step
-      let (loss, params, m, v) =
-        train_step s.dims s.layout s.blocks (adam_update (adam_scalars s.adam step)) inputs targets params m v
+      let (start, t) = window s step
+      let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
+                                         (s.tokens[start + 1:start + 1 + t] :> [t]i32)
       let ok = finite loss
+      let (params, m, v) = update_all s.dims (adam_at s.adam step ok) sources params m v
       in (params, m, v, if ok then step + 1 else step, losses with [i] = loss, if ok then i + 1 else k)
   in (with_training s (flatten params :> [p]f32) (flatten m :> [p]f32) (flatten v :> [p]f32) step, losses)
 
@@ -76,8 +93,8 @@ entry new_state [p][l][n][d]
   let dims = {n_embd, n_layer, n_head, block_size, vocab}
   in assert (layout_fits dims p layout)
             {dims, adam = {learning_rate, beta1, beta2, eps, num_steps}, blocks, layout,
-             params, m = replicate p 0, v = replicate p 0, step = 0,
-             tokens, offsets, lengths}
+             params, m = replicate p 0, v = replicate p 0, step = 0, tokens, offsets,
+             windows = map (\length -> i64.min block_size (i64.i32 length - 1)) lengths}
 
 entry set_training [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
                                 (step: i64): state [p][l][n][d] =
@@ -92,22 +109,14 @@ entry get_v [p][l][n][d] (s: state [p][l][n][d]): [p]f32 = s.v
 entry get_step [p][l][n][d] (s: state [p][l][n][d]): i64 = s.step
 
 -- | The loss and gradient of training step `step` at the state's
--- parameters, from `vjp` of model.fut's `loss`: the oracle for grad_fast.
+-- parameters, from `vjp` of model.fut's `loss`: the oracle the tests hold
+-- training's own gradient to (with beta1 = 0, Adam's first moment after a
+-- step is exactly that step's gradient).
 entry grad_vjp [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (f32, [p]f32) =
-  let (inputs, targets) = document s step
+  let (start, t) = window s step
+  let inputs = s.tokens[start:start + t] :> [t]i32
+  let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
   in vjp2 (loss s.dims s.layout inputs targets) s.params 1
-
--- | The same from the backward pass that training uses, its update
--- storing each gradient in place of the parameter.
-entry grad_fast [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (f32, [p]f32) =
-  let (inputs, targets) = document s step
-  let c = s.dims.n_embd
-  let rows = p / c
-  let store_gradient _ g m v = (g, m, v)
-  let (loss, grad, _, _) =
-    train_step s.dims s.layout s.blocks store_gradient inputs targets
-               (copy (as_rows rows c s.params)) (copy (as_rows rows c s.m)) (copy (as_rows rows c s.v))
-  in (loss, flatten grad :> [p]f32)
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix: row j holds the block_size - len(prefix) tokens drawn

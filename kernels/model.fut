@@ -20,9 +20,16 @@
 def dot [n] (xs: [n]f32) (ys: [n]f32): f32 =
   f32.sum (map2 (*) xs ys)
 
--- | Multiply-adds below which a product is not worth splitting into
--- parallel tasks (Futhark's multicore scheduler costs microseconds a task).
-def parallel_work: i64 = 1 << 16
+-- | How a backward product runs, from the host's `blocks` (back_linear):
+-- 1 is sequential C, 0 a GPU (always parallel), more is the number of
+-- threads of the multicore backend, which splits a product into parallel
+-- tasks only from `parallel_work` multiply-adds up: waking the scheduler's
+-- threads costs tens of microseconds (at s128, where a product is about
+-- 100,000 multiply-adds, parallel tasks made the step 20% slower).
+def parallel_work: i64 = 1 << 20
+
+def sequential (blocks: i64) (work: i64): bool =
+  blocks == 1 || (blocks > 1 && work < parallel_work)
 
 -- | x @ w.T for x (T, I) and a weight w (O, I) stored as (out, in).
 --
@@ -30,7 +37,8 @@ def parallel_work: i64 = 1 << 16
 -- once and used for all T positions (T is a name's length, ~7), and every
 -- dot product runs over two contiguous rows.  The result (O, T) is turned
 -- back by indexing rather than `transpose`, which `vjp` in Futhark 0.25.9
--- failed on.
+-- failed on.  (Loops for small products, which the multicore backend
+-- would not make tasks of, made sequential C 15-30% slower from s64 up.)
 def linear [t][i][o] (x: [t][i]f32) (w: [o][i]f32): *[t][o]f32 =
   let y = map (\wr -> map (\xr -> dot xr wr) x) w  -- (O, T)
   in tabulate_2d t o (\a b -> y[b, a])
@@ -43,35 +51,38 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
 -- respect to its input, as sums of rows of w.
 --
 -- Sequential code (blocks = 1) adds the rows of w into the (T, I) sums in
--- place, w's rows outermost: w is read once, contiguously, and the sums
--- stay in cache.  A sum over each column of w instead would read it with
--- a stride of I.  For parallel code (blocks > 1) each position's sums are
--- split into `blocks` column parts, T * blocks independent tasks (a GPU
--- takes one per column).  (The same split with the rows outermost, a map
--- over parts of two-dimensional in-place sums, made Futhark 0.25.34
--- produce wrong results.)  Inlined: called as a function, it read a
--- weight matrix of the flat buffer from the buffer's start (wrong
--- gradients with Futhark 0.25.34).
+-- place, four rows of w per pass over the sums (rows past O get a zero
+-- coefficient): w is read once, contiguously, and the sums stay in cache.
+-- A sum over each column of w instead would read it with a stride of I.
+-- In parallel each position's sums are split into `blocks` column parts,
+-- T * blocks independent tasks (blocks = 0, a GPU: one per column).  (The same split with the rows outermost, a map over parts of
+-- two-dimensional in-place sums, made Futhark 0.25.34 produce wrong
+-- results.)  Inlined: called as a function, it read a weight matrix of
+-- the flat buffer from the buffer's start (wrong gradients with Futhark
+-- 0.25.34).
 #[inline]
 def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f32 =
-  if blocks <= 1 || t * o * i < parallel_work then
-    #[unsafe]
-    loop acc = map (\dyr -> map (* dyr[0]) w[0]) dy for r' < o - 1 do
-      let r = r' + 1
-      in loop acc for s < t do
-           let d = dy[s, r]
-           in loop acc for j < i do acc with [s, j] = acc[s, j] + d * w[r, j]
-  else
-    let nb = if blocks >= i then i else if i % blocks == 0 then blocks else 1
-    let bw = i / nb
-    let parts = map (\q -> let (s, j0) = (q / nb, (q % nb) * bw)
-                           in #[unsafe]
-                              loop acc = map (\j -> dy[s, 0] * w[0, j0 + j]) (iota bw) for r' < o - 1 do
-                                let r = r' + 1
-                                let d = dy[s, r]
-                                in loop acc for j < bw do acc with [j] = acc[j] + d * w[r, j0 + j])
-                    (iota (t * nb))
-    in tabulate_2d t i (\s j -> #[unsafe] parts[s * nb + j / bw, j % bw])
+  let quads = (o + 3) / 4
+  -- rows 4q .. 4q + 3 of w added with position s's coefficients, at column j
+  let quad s q j = #[unsafe]
+                   let term r = if r < o then (dy[s, r], r) else (0, 0)
+                   let ((d0, r0), (d1, r1)) = (term (4 * q), term (4 * q + 1))
+                   let ((d2, r2), (d3, r3)) = (term (4 * q + 2), term (4 * q + 3))
+                   in d0 * w[r0, j] + d1 * w[r1, j] + d2 * w[r2, j] + d3 * w[r3, j]
+  in if sequential blocks (t * o * i) then
+       #[unsafe]
+       loop acc = replicate t (replicate i 0f32) for q < quads do
+         loop acc for s < t do
+           loop acc for j < i do acc with [s, j] = acc[s, j] + quad s q j
+     else
+       let nb = if blocks == 0 then i else if i % blocks == 0 then blocks else 1
+       let bw = i / nb
+       let parts = map (\p -> let (s, j0) = (p / nb, (p % nb) * bw)
+                              in #[unsafe]
+                                 loop acc = replicate bw 0f32 for q < quads do
+                                   loop acc for j < bw do acc with [j] = acc[j] + quad s q (j0 + j))
+                       (iota (t * nb))
+       in tabulate_2d t i (\s j -> #[unsafe] parts[s * nb + j / bw, j % bw])
 
 def relu (x: f32): f32 = f32.max x 0
 

@@ -102,75 +102,115 @@ def block_back [t][c][c3][f][h] (blocks: i64) (w: layer [c][c3][f]) (a: layer_ac
   let dxn = back_linear blocks dqkv w.wqkv
   in (add_rows dxmid (map3 rmsnorm_back dxn a.xn a.r1), {dqkv, dxmid, dhid, dxout = copy dx})
 
--- | sum_t coef(t) * x[t, :], as T in-place multiply-adds over one row.
+-- | What the weight gradients are made of, for one document: every row of
+-- C parameters has the gradient sum_t coef[t] * X[t, :] for a coefficient
+-- vector (row_coef) and one of the (T, C) matrices in `xs` (row_source).
+type sources [t][c][c3][f][v][l][k] =
+  {inputs: [t]i32, dlogits: [t][v]f32, grads: [l](layer_grads [t][c][c3][f]), xs: [k][t][c]f32}
+
+-- | One document's loss and its gradient sources, from the parameters
+-- `flat` (read only: every product here reads the weights before any
+-- update).
+def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inputs: [t]i32)
+                    (targets: [t]i32) =
+  let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
+  let (c3, f, h, nl) = (3 * c, 4 * c, d.n_head, d.n_layer)
+  let fw = forward_train d c f h nl layout flat inputs
+  let (x0, x, acts) = (fw.x0, fw.x, fw.acts)
+  let (_, _, lm_head) = embeddings flat layout v b c
+  let (loss, dlogits) = loss_and_dlogits lm_head x targets
+  let zeros n = replicate t (replicate n 0f32)
+  let none: layer_grads [t][c][c3][f] = {dqkv = zeros c3, dxmid = zeros c, dhid = zeros f, dxout = zeros c}
+  let (dx, grads) =
+    loop (dx, grads) = (back_linear blocks dlogits lm_head, replicate nl none)
+    for i < nl do
+      let l = nl - 1 - i
+      let (dx, g) = block_back blocks (layer_at flat layout c c3 f l) acts[l] dx
+      in (dx, grads with [l] = g)
+  let dx0 = map3 rmsnorm_back dx x0 fw.r0
+  -- xs: dx0 (wte, wpe), x (lm_head), then per layer xn, y, xn2 and the
+  -- four C-column parts of relu(hid) (fc2's rows are F = 4C long),
+  -- written into one array (a concatenation would be read through a
+  -- branch per element, which keeps the row loops from vectorising).
+  let xs = replicate (2 + 7 * nl) (replicate t (replicate c 0f32))
+  let xs = xs with [0] = dx0
+  let xs = xs with [1] = x
+  let xs = loop xs for l < nl do
+             let a = acts[l]
+             let xs = xs with [2 + 7 * l] = a.xn
+             let xs = xs with [3 + 7 * l] = a.y
+             let xs = xs with [4 + 7 * l] = a.xn2
+             in loop xs for part < 4 do
+                  xs with [5 + 7 * l + part] =
+                    map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
+  in (loss, {inputs, dlogits, grads, xs})
+
+-- | Row o's gradient sum_t coef(o, t) * source(o)[t, :], written into acc
+-- (C): four positions per pass over the row, so the row is loaded and
+-- stored a quarter as often.  (Positions past T get a zero coefficient.)
+-- Only loops, no maps: the multicore backend would make a parallel task
+-- of every row.
 #[inline]
-def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32): [c]f32 =
+def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32) (acc: *[c]f32): *[c]f32 =
   #[unsafe]
-  let c0 = coef 0
-  in loop acc = map (* c0) x[0] for i < t - 1 do
-       let (w, xr) = (coef (i + 1), x[i + 1])
-       in loop acc for j < c do acc with [j] = acc[j] + w * xr[j]
+  let term i = if i < t then (coef i, i) else (0, 0)
+  let quad q j = let ((c0, i0), (c1, i1)) = (term (4 * q), term (4 * q + 1))
+                 let ((c2, i2), (c3, i3)) = (term (4 * q + 2), term (4 * q + 3))
+                 in c0 * x[i0, j] + c1 * x[i1, j] + c2 * x[i2, j] + c3 * x[i3, j]
+  let acc = loop acc for j < c do acc with [j] = quad 0 j
+  in loop acc for q < (t + 3) / 4 - 1 do
+       loop acc for j < c do acc with [j] = acc[j] + quad (q + 1) j
 
 -- | What a pass does to one parameter: (p, g, m, v) -> (p, m, v).
 type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
 
 -- | Rows first .. first + n - 1 of the (P / C, C) buffers: row first + o
 -- gets the gradient sum_t coef(o, t) * source(o)[t, :], and `update`
--- writes the new parameter and moments in place.
+-- writes the new parameters and moments in place.  `g` is a row of
+-- scratch space, passed along to save an allocation per row.
 #[inline]
 def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
                              (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
-                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
-                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
-  loop (params, m, v) for o < n do
+                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32) (g: *[c]f32)
+                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32, *[c]f32) =
+  loop (params, m, v, g) for o < n do
     let r = first + o
-    let g = grad_row (coef o) (source o)
-    let (pr, mr, vr) = #[unsafe] unzip3 (map4 update params[r] g m[r] v[r])
-    in #[unsafe] (params with [r] = pr, m with [r] = mr, v with [r] = vr)
+    let g = grad_row (coef o) (source o) g
+    let (params, m, v) =
+      #[unsafe]
+      loop (params, m, v) for j < c do
+        let (pj, mj, vj) = update params[r, j] g[j] m[r, j] v[r, j]
+        in (params with [r, j] = pj, m with [r, j] = mj, v with [r, j] = vj)
+    in (params, m, v, g)
 
--- | One document's loss, and the buffers after its backward pass with
--- `update` applied to every parameter (Adam for training, or storing the
--- gradient for the tests).  With a non-finite loss the buffers come back
--- unchanged.  The buffers are (P / C, C) rows in engine/params.py's
--- layout: wte, wpe, lm_head, then 12 C rows per layer (wq, wk, wv, wo,
--- fc1, fc2 as four rows of C per row); `new_state` checked the layout.
-def train_step [rows][c][t] (d: dims) (layout: []i64) (blocks: i64) (update: update)
-                            (inputs: [t]i32) (targets: [t]i32)
-                            (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
-                            : (f32, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+-- | Every row's gradient, computed just before `update` turns the row of
+-- parameters and moments into new ones, in place: one sequential pass
+-- that reads and writes each buffer once.  (From s256 up a step is bound
+-- by memory traffic; on this machine one thread updating in place moves
+-- 34.6 GB/s, two threads writing new arrays 17.2 GB/s.)  The rows are
+-- those of engine/params.py's layout: wte, wpe, lm_head, then 12 C per
+-- layer (wq, wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C).
+def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
+                                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+                                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
-  let (c3, f, h, nl) = (3 * c, 4 * c, d.n_head, d.n_layer)
-  let fw = forward_train d c f h nl layout (flatten params) inputs
-  let (x0, x, acts) = (fw.x0, fw.x, fw.acts)
-  let (_, _, lm_head) = embeddings (flatten params) layout vocab b c
-  let (loss, dlogits) = loss_and_dlogits lm_head x targets
-  let ok = !(f32.isnan loss || f32.isinf loss)
-  let update p g m v = if ok then update p g m v else (p, m, v)
-  let dx = back_linear blocks dlogits lm_head
-  let top = 2 * vocab + b
-  let (params, m, v) = update_rows update (vocab + b) vocab (\o i -> #[unsafe] dlogits[i, o]) (\_ -> x)
-                                   params m v
-  let (dx, params, m, v) =
-    loop (dx, params, m, v) for j < nl do
-      let l = nl - 1 - j
-      let (dx_in, g) = block_back blocks (layer_at (flatten params) layout c c3 f l) acts[l] dx
-      let a = acts[l]
-      let act part = map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
-      let xs = [a.xn, a.y, a.xn2, act 0, act 1, act 2, act 3]
-      -- layer rows: wq, wk, wv (3C), wo (C), fc1 (4C), then fc2's C rows as 4C
+  -- wte: the positions holding each token; wpe: row o is position o's
+  let embedding o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
+                                else f32.bool (i == o - vocab)
+  let (params, m, v, g) = update_rows update 0 (vocab + b) embedding (\_ -> s.xs[0]) params m v (replicate c 0)
+  let (params, m, v, g) =
+    update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v g
+  let (params, m, v, _) =
+    loop (params, m, v, scratch) = (params, m, v, g) for layer < l do
+      let g = s.grads[layer]
       let coef o i = #[unsafe] if o < 3 * c then g.dqkv[i, o]
                                else if o < 4 * c then g.dxmid[i, o - 3 * c]
                                else if o < 8 * c then g.dhid[i, o - 4 * c]
                                else g.dxout[i, (o - 8 * c) / 4]
-      let source o = #[unsafe] xs[if o < 3 * c then 0 else if o < 4 * c then 1 else if o < 8 * c then 2
-                                  else 3 + (o - 8 * c) % 4]
-      let (params, m, v) = update_rows update (top + 12 * c * l) (12 * c) coef source params m v
-      in (dx_in, params, m, v)
-  let dx0 = map3 rmsnorm_back dx x0 fw.r0
-  -- wte rows: sum over the positions holding that token; wpe rows: position r's
-  let coef o i = if o < vocab then f32.bool (i64.i32 (#[unsafe] inputs[i]) == o) else f32.bool (i == o - vocab)
-  let (params, m, v) = update_rows update 0 (vocab + b) coef (\_ -> dx0) params m v
-  in (loss, params, m, v)
+      let source o = #[unsafe] s.xs[2 + 7 * layer + (if o < 3 * c then 0 else if o < 4 * c then 1
+                                                 else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
+      in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) coef source params m v scratch
+  in (params, m, v)
 
 -- * Adam
 

@@ -1,12 +1,15 @@
 """The Futhark kernel's hand-written backward pass against `vjp`, and its
 key/value-cache sampler against an independent reference.
 
-grad_fast (kernels/train.fut, what training uses) must equal grad_vjp
-(`vjp` of kernels/model.fut's loss) and NumPy's loss_and_grad on several
-documents and model sizes, through both ways the kernel splits its
-backward products (`blocks` 1: sequential, 2: parallel tasks). Samples
-must equal tests/futhark_support.py's reference: the kernel's RNG in
-Python, NumPy's full forward pass for every token, an inverse-CDF draw.
+Training's own gradient must equal grad_vjp (`vjp` of kernels/model.fut's
+loss) and NumPy's loss_and_grad on several documents and model sizes,
+through both ways the kernel runs its backward products (`blocks` 1:
+sequential, 2: parallel tasks). It is read from training itself: with
+beta1 = 0, Adam's first moment after a step is exactly that step's
+gradient (m = 0 * m + 1 * g). A call's first step and the later ones
+take the same pass over copies of the buffers. Samples must equal
+tests/futhark_support.py's reference: the kernel's RNG in Python, NumPy's
+full forward pass for every token, an inverse-CDF draw.
 """
 from __future__ import annotations
 
@@ -44,34 +47,36 @@ def _state_with_blocks(backend, blocks: int):
     return backend._call("new_state", *args)
 
 
-def _gradient(backend, entry: str, state, step: int) -> tuple[float, np.ndarray]:
-    loss, grad = backend._call(entry, state, step)
-    return float(loss), backend._values(grad)
+def _with_step(backend, state, step: int):
+    """state with backend's parameters and moments at step `step`."""
+    current = backend.get_state()
+    return backend._call("set_training", state, current.params, current.m, current.v, step)
 
 
 @pytest.mark.parametrize("name", CPU_BACKENDS)
 @pytest.mark.parametrize("model_name", list(MODELS))
-def test_fast_gradient_equals_vjp_and_numpy(name, model_name, corpus):
+def test_training_gradient_equals_vjp_and_numpy(name, model_name, corpus):
     model = MODELS[model_name]
-    train = TrainConfig(num_steps=100, init_std=0.1)
+    train = TrainConfig(num_steps=100, init_std=0.1, beta1=0.0)
     backend = open_futhark(name, model, train, corpus)
     try:
         backend.train(5)  # away from the initial parameters, with Adam moments
-        params = backend.get_state().params
-        weights = Weights(params, backend.specs, model)
-        numpy_grad = np.zeros_like(params)
-        numpy_grads = Weights(numpy_grad, backend.specs, model)
         for blocks in (1, 2):
-            state = _state_with_blocks(backend, blocks)
             for step in STEPS:
-                vjp_loss, vjp_grad = _gradient(backend, "grad_vjp", state, step)
-                fast_loss, fast_grad = _gradient(backend, "grad_fast", state, step)
+                state = _with_step(backend, _state_with_blocks(backend, blocks), step)
+                params = backend._values(backend._call("get_params", state))
+                vjp_loss, vjp_grad = backend._call("grad_vjp", state, step)
+                state, losses = backend._call("train", state, 1)
+                train_grad = backend._values(backend._call("get_m", state))
+                numpy_grad = np.zeros_like(params)
                 inputs, targets = corpus.step_tokens(step, model.block_size)
-                numpy_loss = loss_and_grad(weights, numpy_grads, inputs, targets, model, np)
-                assert abs(fast_loss - vjp_loss) < 1e-5 and abs(fast_loss - float(numpy_loss)) < 1e-5
-                np.testing.assert_allclose(fast_grad, vjp_grad, rtol=0, atol=1e-5)
-                np.testing.assert_allclose(fast_grad, numpy_grad, rtol=0, atol=1e-5)
-                assert np.abs(fast_grad).max() > 1e-3  # a gradient, not zeros
+                numpy_loss = loss_and_grad(Weights(params, backend.specs, model),
+                                           Weights(numpy_grad, backend.specs, model), inputs, targets, model, np)
+                loss = float(backend._values(losses)[0])
+                assert abs(loss - vjp_loss) < 1e-5 and abs(loss - float(numpy_loss)) < 1e-5
+                np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=0, atol=1e-5)
+                np.testing.assert_allclose(train_grad, numpy_grad, rtol=0, atol=1e-5)
+                assert np.abs(train_grad).max() > 1e-3  # a gradient, not zeros
     finally:
         backend.close()
 

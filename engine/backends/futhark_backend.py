@@ -34,9 +34,10 @@ def sample_batch(model: ModelConfig, num_samples: int) -> int:
     return max(1, min(num_samples, MAX_SAMPLE_BATCH, SAMPLE_CACHE_BYTES // per_sample))
 
 
-# On a GPU every column of a backward product is its own thread (the kernel
-# caps the parts at the number of columns).
-GPU_BLOCKS = 1 << 30
+# `blocks` tells the kernel how its products run (kernels/model.fut's
+# `sequential`): 1 sequential C, the thread count for multicore (parallel
+# tasks from about a million multiply-adds up), 0 a GPU (always parallel).
+GPU_BLOCKS = 0
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -65,8 +66,7 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
 def state_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
                     params: np.ndarray, blocks: int = 1) -> tuple:
     """The arguments of the kernel's `new_state` entry point, in order. `blocks`:
-    how many parts the kernel may split each backward product into (its
-    back_linear), 1 for sequential code."""
+    how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C."""
     arrays = corpus.arrays
     return (
         model.n_embd, model.n_layer, model.n_head, model.block_size, corpus.vocab_size,
@@ -90,7 +90,7 @@ class FutharkBackend(Backend):
             self.model, self.train_config, self.corpus, self.specs, params, self.blocks()))
 
     def blocks(self) -> int:
-        """How many independent parts the kernel's backward products are split into."""
+        """How the kernel runs its products (GPU_BLOCKS' comment)."""
         return 1
 
     # futhark-ffi reports a failed entry point or sync as ValueError with the
@@ -171,7 +171,7 @@ class FutharkMulticoreBackend(FutharkBackend):
     host_buffers = 6
 
     def blocks(self) -> int:
-        return usable_cores()  # one part per thread of Futhark's scheduler
+        return usable_cores()  # Futhark's scheduler runs a thread per core
 
 
 class FutharkGpuBackend(FutharkBackend):
