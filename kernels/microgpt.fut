@@ -69,16 +69,16 @@ def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][
   let c = s.dims.n_embd
   let rows = p / c
   let (params, m, v, step, losses, _) =
-    loop (params: *[rows][c]f32, m: *[rows][c]f32, v: *[rows][c]f32, step, losses: *[k]f32, i) =
-         (copy (as_rows rows c s.params), copy (as_rows rows c s.m), copy (as_rows rows c s.v), s.step, replicate k f32.nan, 0)
+    loop (params: *[p]f32, m: *[p]f32, v: *[p]f32, step, losses: *[k]f32, i) =
+         (copy s.params, copy s.m, copy s.v, s.step, replicate k f32.nan, 0)
     while i < k do
       let (start, t) = window s step
-      let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
+      let (loss, sources) = step_sources s (as_rows rows c params) (s.tokens[start:start + t] :> [t]i32)
                                          (s.tokens[start + 1:start + 1 + t] :> [t]i32)
       let ok = finite loss
       let (params, m, v) = update_all s.dims (adam_at s.adam step ok) sources params m v
       in (params, m, v, if ok then step + 1 else step, losses with [i] = loss, if ok then i + 1 else k)
-  in (with_training s (flatten params :> [p]f32) (flatten m :> [p]f32) (flatten v :> [p]f32) step, losses)
+  in (with_training s params m v step, losses)
 
 -- * Entry points
 --

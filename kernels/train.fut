@@ -164,23 +164,23 @@ def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32) (acc: *[c]f32): *[c]f32 =
 -- | What a pass does to one parameter: (p, g, m, v) -> (p, m, v).
 type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
 
--- | Rows first .. first + n - 1 of the (P / C, C) buffers: row first + o
--- gets the gradient sum_t coef(o, t) * source(o)[t, :], and `update`
--- writes the new parameters and moments in place.  `g` is a row of
--- scratch space, passed along to save an allocation per row.
+-- | Rows first .. first + n - 1 of the flat buffers seen as rows of C:
+-- row first + o gets the gradient sum_t coef(o, t) * source(o)[t, :], and
+-- `update` writes the new parameters and moments in place.  `g` is a row
+-- of scratch space, passed along to save an allocation per row.
 #[inline]
-def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
-                             (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
-                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32) (g: *[c]f32)
-                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32, *[c]f32) =
+def update_rows [p][c][t] (update: update) (first: i64) (n: i64)
+                          (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
+                          (params: *[p]f32) (m: *[p]f32) (v: *[p]f32) (g: *[c]f32)
+                          : (*[p]f32, *[p]f32, *[p]f32, *[c]f32) =
   loop (params, m, v, g) for o < n do
-    let r = first + o
+    let r = (first + o) * c
     let g = grad_row (coef o) (source o) g
     let (params, m, v) =
       #[unsafe]
       loop (params, m, v) for j < c do
-        let (pj, mj, vj) = update params[r, j] g[j] m[r, j] v[r, j]
-        in (params with [r, j] = pj, m with [r, j] = mj, v with [r, j] = vj)
+        let (pj, mj, vj) = update params[r + j] g[j] m[r + j] v[r + j]
+        in (params with [r + j] = pj, m with [r + j] = mj, v with [r + j] = vj)
     in (params, m, v, g)
 
 -- | Every row's gradient, computed just before `update` turns the row of
@@ -190,9 +190,9 @@ def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
 -- 34.6 GB/s, two threads writing new arrays 17.2 GB/s.)  The rows are
 -- those of engine/params.py's layout: wte, wpe, lm_head, then 12 C per
 -- layer (wq, wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C).
-def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
-                                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
-                                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+def update_all [p][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
+                                          (params: *[p]f32) (m: *[p]f32) (v: *[p]f32)
+                                          : (*[p]f32, *[p]f32, *[p]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
   -- wte: the positions holding each token; wpe: row o is position o's
   let embedding o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
