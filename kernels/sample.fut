@@ -33,19 +33,15 @@ def draw [v] (logits: [v]f32) (u: f32): i32 =
   let below = i64.sum (map (\c -> i64.bool (c < u)) cdf)
   in i32.i64 (i64.min below (v - 1))
 
--- | Head h's attention for one new query q (C) over the first n cached
--- positions of keys and values (S, C): softmax(q . k_j / sqrt D) @ v.
-def attend_cached [s][c] (d: i64) (scale: f32) (n: i64) (q: [c]f32) (keys: [s][c]f32) (vals: [s][c]f32)
-                         (h: i64): [d]f32 =
+-- | Head h's attention weights for one new query q (C) over the first n
+-- cached keys (S, C): softmax(q . k_j / sqrt D) over j < n.
+def attention_weights [s][c] (d: i64) (scale: f32) (n: i64) (q: [c]f32) (keys: [s][c]f32) (h: i64): [n]f32 =
   let qh = #[unsafe] q[h * d:h * d + d] :> [d]f32
   let scores = map (\j -> dot qh (#[unsafe] keys[j, h * d:h * d + d] :> [d]f32) * scale) (iota n)
   let top = f32.maximum scores
   let e = map (\x -> f32.exp (x - top)) scores
   let z = f32.sum e
-  in #[unsafe]
-     loop acc = replicate d 0 for j < n do
-       let w = e[j] / z
-       in map2 (\a x -> a + w * x) acc (vals[j, h * d:h * d + d] :> [d]f32)
+  in map (/ z) e
 
 -- | The network for one new token per sample at position pos, with the
 -- cache (keys, then values: (2, L, N, S, C)) of positions 0 .. pos - 1:
@@ -67,8 +63,13 @@ def decode_step [p][l][n][s][c] (d: dims) (layout: []i64) (flat: [p]f32) (pos: i
       let q = part 0
       let cache = cache with [0, i, :, pos] = part 1
       let cache = cache with [1, i, :, pos] = part 2
-      let y = map3 (\qn kn vn -> flatten (map (attend_cached hd scale (pos + 1) qn kn vn) (iota h)) :> [c]f32)
-                   q cache[0, i] cache[1, i]
+      let weights = map2 (\qn kn -> map (attention_weights hd scale (pos + 1) qn kn) (iota h)) q cache[0, i]
+      -- the heads' outputs side by side, (N, C), as one array: built from
+      -- per-head pieces, the multicore backend read it through two
+      -- divisions per element in the next product (3 times slower)
+      let y = tabulate_2d n c (\s j -> #[unsafe]
+                                       let w = weights[s, j / hd]
+                                       in loop acc = 0f32 for k < pos + 1 do acc + w[k] * cache[1, i, s, k, j])
       let x = add_rows x (linear y w.wo)
       let (out, _, _, _) = mlp w.fc1 w.fc2 x
       in (add_rows x out, cache)
