@@ -12,8 +12,7 @@
 -- Shapes are written (T, C) etc.: T positions, C = n_embd, H heads of
 -- D = C/H columns, F = 4C hidden units, V tokens, B = block_size.
 -- Nothing is a compile-time constant: one compiled library serves every
--- size.  Sizes in types are plain variables, never expressions (as 0.24
--- requires).
+-- size.  (Size expressions in types need Futhark 0.25.)
 
 -- * Building blocks
 
@@ -55,11 +54,9 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
 -- coefficient): w is read once, contiguously, and the sums stay in cache.
 -- A sum over each column of w instead would read it with a stride of I.
 -- In parallel each position's sums are split into `blocks` column parts,
--- T * blocks independent tasks (blocks = 0, a GPU: one per column).  (The same split with the rows outermost, a map over parts of
--- two-dimensional in-place sums, made Futhark 0.25.34 produce wrong
--- results.)  Inlined: called as a function, it read a weight matrix of
--- the flat buffer from the buffer's start (wrong gradients with Futhark
--- 0.25.34).
+-- T * blocks independent tasks (blocks = 0, a GPU: one per column).
+-- Inlined: called as a function, it read a weight matrix of the flat
+-- buffer from the buffer's start (wrong gradients with Futhark 0.25.34).
 #[inline]
 def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f32 =
   let quads = (o + 3) / 4
@@ -212,11 +209,10 @@ def block_acts [t][c][c3][f] (n_head: i64) (w: layer [c][c3][f]) (x: [t][c]f32)
   let (out, xn2, r2, hid) = mlp w.fc1 w.fc2 x
   in (add_rows x out, {xn, r1, q, k, v, probs, y, xn2, r2, hid})
 
--- | The first hidden states rmsnorm(wte[tok] + wpe[pos]) of tokens at
--- positions first, first + 1, ..., with their rmsnorm scales.
-def embed [v][b][c][t] (wte: [v][c]f32) (wpe: [b][c]f32) (first: i64) (tokens: [t]i32)
-                       : (*[t][c]f32, *[t]f32) =
-  let e = map2 (\tok pos -> map2 (+) wte[i64.i32 tok] wpe[first + pos]) tokens (iota t)
+-- | The first hidden states rmsnorm(wte[tok] + wpe[pos]) of a document's
+-- tokens, with their rmsnorm scales.
+def embed [v][b][c][t] (wte: [v][c]f32) (wpe: [b][c]f32) (tokens: [t]i32): (*[t][c]f32, *[t]f32) =
+  let e = map2 (\tok pos -> map2 (+) wte[i64.i32 tok] wpe[pos]) tokens (iota t)
   let r0 = map rms_scale e
   in (map2 (\row r -> map (* r) row) e r0, r0)
 
@@ -233,7 +229,7 @@ def loss [p][t] (d: dims) (layout: []i64) (inputs: [t]i32) (targets: [t]i32) (fl
   let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
   let (c3, f) = (3 * c, 4 * c)
   let (wte, wpe, lm_head) = embeddings flat layout v b c
-  let (x0, _) = embed wte wpe 0 inputs
+  let (x0, _) = embed wte wpe inputs
   let x = loop x = x0 for l < d.n_layer do
             (block_acts d.n_head (layer_at flat layout c c3 f l) x).0
   in f32.sum (map2 cross_entropy (linear x lm_head) targets) / f32.i64 t

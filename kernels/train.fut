@@ -1,30 +1,28 @@
 -- | One training step, written for speed: the forward pass keeps each
 -- layer's activations, the backward pass (mirroring engine/model.py's
--- loss_and_grad) computes the gradients of the activations layer by
--- layer, and each weight row's gradient is computed and applied by Adam
--- in one pass over that layer's parameters, in place.  `vjp` of
--- model.fut's `loss` is the oracle the tests hold this gradient to
--- (kernels/microgpt.fut's `grad_vjp` and `grad_fast`).
+-- loss_and_grad) computes the gradients of the activations from the
+-- step's weights, and one pass over the parameters then computes each row's
+-- weight gradient and applies Adam to it, in place.  `vjp` of model.fut's
+-- `loss` is the oracle the tests hold this gradient to (microgpt.fut's
+-- `grad_vjp`).
 --
 -- Why this shape (measured: README "Performance"):
 -- * Every weight gradient is a sum over the T (~7) positions of outer
 --   products, G[o, :] = sum_t dY[t, o] * X[t, :].  It is computed one row
---   of C values at a time, T multiply-adds over a row that stays in cache,
---   and Adam updates that row of the parameters and both moments at once,
---   in place: the gradient never exists as a P-sized buffer, and each of
---   the three buffers is read and written once per step.  From s256 up a
---   step is bound by memory traffic, and on this machine one thread
---   updating in place moves data 1.8 times faster than two threads
---   writing fresh arrays.
+--   of C values at a time, in a row that stays in cache, and Adam updates
+--   that row of the parameters and both moments at once, in place: the
+--   gradient never exists as a P-sized buffer, and each of the three
+--   buffers is read and written once per step.  From s256 up a step is
+--   bound by memory traffic, and on this machine one thread updating in
+--   place moves 34.6 GB/s, fresh arrays 19.5 GB/s (17.2 with two threads).
 -- * Every matrix of the flat buffer has a multiple of C entries (fc2's
---   rows of 4C are four rows of C), so the buffers are (P / C, C) rows and
---   one pass serves every matrix.
+--   rows of 4C are four rows of C), so one pass over rows of C serves
+--   every matrix.
 -- * The gradient of an activation, dY @ W, adds rows of W in place
---   (model.fut's back_linear), W read once, contiguously; it runs before
---   W's rows are updated.  These products and the forward pass are the
---   parallel work of the multicore backend, with no atomics (vjp's
---   accumulations into shared gradients became a compare-and-swap loop
---   per float there).
+--   (model.fut's back_linear), W read once, contiguously.  These products
+--   and the forward pass are the parallel work of the multicore backend,
+--   with no atomics (vjp's accumulations into shared gradients became a
+--   compare-and-swap loop per float there).
 
 import "model"
 
@@ -39,7 +37,7 @@ def forward_train [p][t] (d: dims) (c: i64) (f: i64) (h: i64) (nl: i64) (layout:
   let (v, b) = (d.vocab, d.block_size)
   let c3 = 3 * c
   let (wte, wpe, _) = embeddings flat layout v b c
-  let (x0, r0) = embed wte wpe 0 inputs
+  let (x0, r0) = embed wte wpe inputs
   let zeros n = replicate t (replicate n 0f32)
   let none: layer_acts [t][c][f][h] =
     {xn = zeros c, r1 = replicate t 0, q = zeros c, k = zeros c, v = zeros c,
@@ -103,8 +101,9 @@ def block_back [t][c][c3][f][h] (blocks: i64) (w: layer [c][c3][f]) (a: layer_ac
   in (add_rows dxmid (map3 rmsnorm_back dxn a.xn a.r1), {dqkv, dxmid, dhid, dxout = copy dx})
 
 -- | What the weight gradients are made of, for one document: every row of
--- C parameters has the gradient sum_t coef[t] * X[t, :] for a coefficient
--- vector (row_coef) and one of the (T, C) matrices in `xs` (row_source).
+-- C parameters has the gradient sum_t coef[t] * X[t, :] for coefficients
+-- taken from the inputs, dlogits or a layer's `grads` and one of the (T, C)
+-- matrices in `xs` (update_all says which).
 type sources [t][c][c3][f][v][l][k] =
   {inputs: [t]i32, dlogits: [t][v]f32, grads: [l](layer_grads [t][c][c3][f]), xs: [k][t][c]f32}
 
@@ -185,11 +184,10 @@ def update_rows [p][c][t] (update: update) (first: i64) (n: i64)
 
 -- | Every row's gradient, computed just before `update` turns the row of
 -- parameters and moments into new ones, in place: one sequential pass
--- that reads and writes each buffer once.  (From s256 up a step is bound
--- by memory traffic; on this machine one thread updating in place moves
--- 34.6 GB/s, two threads writing new arrays 17.2 GB/s.)  The rows are
--- those of engine/params.py's layout: wte, wpe, lm_head, then 12 C per
--- layer (wq, wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C).
+-- that reads and writes each buffer once.  The rows are those of
+-- engine/params.py's layout: wte, wpe, lm_head, then 12 C per layer (wq,
+-- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_state
+-- checked the layout.
 def update_all [p][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
                                           (params: *[p]f32) (m: *[p]f32) (v: *[p]f32)
                                           : (*[p]f32, *[p]f32, *[p]f32) =
