@@ -163,7 +163,7 @@ def open_context(target: str):
 
 class FutharkCBackend(FutharkBackend):
     name, target = "futhark-c", "c"
-    host_buffers = 6  # parameters, gradient, moments and the loop's copies live in host memory
+    host_buffers = 6  # the state's parameters and moments, and a train call's copies of them
 
 
 class FutharkMulticoreBackend(FutharkBackend):
