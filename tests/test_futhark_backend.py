@@ -59,10 +59,10 @@ def test_layout_refuses_a_different_order(corpus):
 def test_state_arguments_carry_the_configs_and_the_corpus(corpus):
     model, train = TWO_LAYERS, TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3)
     params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
-    args = fbk.state_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), params)
-    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, layout, flat, tokens, offsets, lengths) = args
+    args = fbk.state_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), params, blocks=3)
+    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, blocks, layout, flat, tokens, offsets, lengths) = args
     assert (c, layers, heads, block, vocab) == (16, 2, 2, 8, corpus.vocab_size)
-    assert (lr, b1, b2, eps, steps) == (0.02, 0.8, 0.99, 1e-8, 30)
+    assert (lr, b1, b2, eps, steps, blocks) == (0.02, 0.8, 0.99, 1e-8, 30, 3)
     assert flat.dtype == np.float32 and np.array_equal(flat, params)
     assert (tokens.dtype, offsets.dtype, lengths.dtype) == (np.int32, np.int64, np.int32)
     bos = corpus.bos
@@ -253,17 +253,17 @@ def test_new_state_refuses_a_layout_that_does_not_fit(corpus, change, futhark_cp
     model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=5)
     backend = open_backend("futhark-c", model, train, corpus)
     args = list(fbk.state_arguments(model, train, corpus, backend.specs, backend.get_state().params))
-    layout = args[10].copy()
+    layout = args[11].copy()
     if change == "past-the-end":
         layout[-1] += 1
     elif change == "negative":
         layout[0] = -1
     else:
         layout = layout[:-1]
-    args[10] = layout
+    args[11] = layout
     with pytest.raises(BackendError, match=r"(?i)assert"):
         backend._call("new_state", *args)
-    args[10] = fbk.layout_offsets(backend.specs, model, corpus.vocab_size)
+    args[11] = fbk.layout_offsets(backend.specs, model, corpus.vocab_size)
     backend._call("new_state", *args)  # the true layout is accepted
     backend.close()
 

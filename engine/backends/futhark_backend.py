@@ -15,8 +15,29 @@ from ..futhark import build as futhark_build
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..params import LAYER_PARAMS, ParamSpec
-from ..errors import BackendError
+from ..errors import BackendError, Cancelled
 from .base import Backend, TrainState, losses_until_divergence, sample_rows_to_ids
+from .numpy_backend import usable_cores
+
+# Sampling runs this many samples per kernel call at most, fewer where their
+# key/value caches (at the kernel's first capacity, 32 positions) would pass
+# SAMPLE_CACHE_BYTES: samples share each read of the weights, so larger
+# batches are faster, and the caches grow only for names past 32 tokens.
+MAX_SAMPLE_BATCH = 256
+SAMPLE_CACHE_BYTES = 256 << 20
+CACHE_POSITIONS = 32
+
+
+def sample_batch(model: ModelConfig, num_samples: int) -> int:
+    """How many samples one call of the kernel's `sample` generates."""
+    per_sample = 2 * model.n_layer * min(model.block_size, CACHE_POSITIONS) * model.n_embd * 4
+    return max(1, min(num_samples, MAX_SAMPLE_BATCH, SAMPLE_CACHE_BYTES // per_sample))
+
+
+# `blocks` tells the kernel how its products run (kernels/model.fut's
+# `sequential`): 1 sequential C, the thread count for multicore (parallel
+# tasks from about a million multiply-adds up), 0 a GPU (always parallel).
+GPU_BLOCKS = 0
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -43,13 +64,14 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
 
 
 def state_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
-                    params: np.ndarray) -> tuple:
-    """The arguments of the kernel's `new_state` entry point, in order."""
+                    params: np.ndarray, blocks: int = 1) -> tuple:
+    """The arguments of the kernel's `new_state` entry point, in order. `blocks`:
+    how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C."""
     arrays = corpus.arrays
     return (
         model.n_embd, model.n_layer, model.n_head, model.block_size, corpus.vocab_size,
         float(train.learning_rate), float(train.beta1), float(train.beta2), float(train.eps),
-        train.num_steps,
+        train.num_steps, blocks,
         layout_offsets(specs, model, corpus.vocab_size),
         np.ascontiguousarray(params, dtype=np.float32),
         np.ascontiguousarray(arrays.tokens, dtype=np.int32),
@@ -65,7 +87,11 @@ class FutharkBackend(Backend):
     def _setup(self, params: np.ndarray) -> None:
         self._fut = open_context(self.target)
         self._state = self._call("new_state", *state_arguments(
-            self.model, self.train_config, self.corpus, self.specs, params))
+            self.model, self.train_config, self.corpus, self.specs, params, self.blocks()))
+
+    def blocks(self) -> int:
+        """How the kernel runs its products (GPU_BLOCKS' comment)."""
+        return 1
 
     # futhark-ffi reports a failed entry point or sync as ValueError with the
     # context's message; nothing was replaced yet when that happens.
@@ -89,10 +115,20 @@ class FutharkBackend(Backend):
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
                     cancel=None) -> list[list[int]]:
-        if prefix:  # TODO(kernel): the kernel's sample entry takes no prefix yet
-            raise BackendError(f"{self.name} cannot sample from a prefix yet")
-        rows = self._values(self._call("sample", self._state, num_samples, temperature, seed % 2**63))
-        return sample_rows_to_ids(rows, self.corpus.bos)
+        """Samples in batches (a kernel call cannot be interrupted: cancel is
+        polled between them); sample j's draws depend only on (seed, j), so the
+        batches give the same names as one call."""
+        start = np.asarray(prefix, dtype=np.int32)
+        batch = sample_batch(self.model, num_samples)
+        samples = []
+        for first in range(0, num_samples, batch):
+            if cancel is not None and cancel():
+                raise Cancelled("sampling was cancelled")
+            count = min(batch, num_samples - first)
+            rows = self._values(self._call("sample", self._state, start, count, temperature,
+                                           seed % 2**63, first))
+            samples += sample_rows_to_ids(rows, self.corpus.bos)
+        return samples
 
     def _get_state(self) -> TrainState:
         params, m, v = (self._values(self._call(getter, self._state))
@@ -127,19 +163,27 @@ def open_context(target: str):
 
 class FutharkCBackend(FutharkBackend):
     name, target = "futhark-c", "c"
-    host_buffers = 6  # parameters, gradient, moments and the loop's copies live in host memory
+    host_buffers = 6  # the state's parameters and moments, and a train call's copies of them
 
 
 class FutharkMulticoreBackend(FutharkBackend):
     name, target = "futhark-multicore", "multicore"
     host_buffers = 6
 
+    def blocks(self) -> int:
+        return usable_cores()  # Futhark's scheduler runs a thread per core
 
-class FutharkCudaBackend(FutharkBackend):
+
+class FutharkGpuBackend(FutharkBackend):
+    def blocks(self) -> int:
+        return GPU_BLOCKS
+
+
+class FutharkCudaBackend(FutharkGpuBackend):
     name, target = "futhark-cuda", "cuda"
 
 
-class FutharkOpenCLBackend(FutharkBackend):
+class FutharkOpenCLBackend(FutharkGpuBackend):
     name, target = "futhark-opencl", "opencl"
 
 

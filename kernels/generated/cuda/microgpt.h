@@ -109,24 +109,26 @@ int futhark_free_opaque_state(struct futhark_context *ctx, struct futhark_opaque
 int futhark_store_opaque_state(struct futhark_context *ctx, const struct futhark_opaque_state *obj, void **p, size_t *n);
 struct futhark_opaque_state *futhark_restore_opaque_state(struct futhark_context *ctx, const void *p);
 int futhark_project_opaque_state_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const struct futhark_opaque_state *obj);
+int futhark_project_opaque_state_blocks(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_dims(struct futhark_context *ctx, struct futhark_opaque_dims **out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_layout(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_lengths(struct futhark_context *ctx, struct futhark_i32_1d **out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_m(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_offsets(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_params(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_step(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_tokens(struct futhark_context *ctx, struct futhark_i32_1d **out, const struct futhark_opaque_state *obj);
 int futhark_project_opaque_state_v(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_state *obj);
-int futhark_new_opaque_state(struct futhark_context *ctx, struct futhark_opaque_state **out, const struct futhark_opaque_adam *f_adam, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_i32_1d *f_lengths, const struct futhark_f32_1d *f_m, const struct futhark_i64_1d *f_offsets, const struct futhark_f32_1d *f_params, const int64_t f_step, const struct futhark_i32_1d *f_tokens, const struct futhark_f32_1d *f_v);
+int futhark_project_opaque_state_windows(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_state *obj);
+int futhark_new_opaque_state(struct futhark_context *ctx, struct futhark_opaque_state **out, const struct futhark_opaque_adam *f_adam, const int64_t f_blocks, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_f32_1d *f_m, const struct futhark_i64_1d *f_offsets, const struct futhark_f32_1d *f_params, const int64_t f_step, const struct futhark_i32_1d *f_tokens, const struct futhark_f32_1d *f_v, const struct futhark_i64_1d *f_windows);
 
 // Entry points
 int futhark_entry_get_m(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_state *in0);
 int futhark_entry_get_params(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_state *in0);
 int futhark_entry_get_step(struct futhark_context *ctx, int64_t *out0, const struct futhark_opaque_state *in0);
 int futhark_entry_get_v(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_state *in0);
-int futhark_entry_new_state(struct futhark_context *ctx, struct futhark_opaque_state **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const struct futhark_i64_1d *in10, const struct futhark_f32_1d *in11, const struct futhark_i32_1d *in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14);
-int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_state *in0, const int64_t in1, const float in2, const int64_t in3);
+int futhark_entry_grad_vjp(struct futhark_context *ctx, float *out0, struct futhark_f32_1d **out1, const struct futhark_opaque_state *in0, const int64_t in1);
+int futhark_entry_new_state(struct futhark_context *ctx, struct futhark_opaque_state **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const struct futhark_i64_1d *in11, const struct futhark_f32_1d *in12, const struct futhark_i32_1d *in13, const struct futhark_i64_1d *in14, const struct futhark_i32_1d *in15);
+int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_state *in0, const struct futhark_i32_1d *in1, const int64_t in2, const float in3, const int64_t in4, const int64_t in5);
 int futhark_entry_set_training(struct futhark_context *ctx, struct futhark_opaque_state **out0, const struct futhark_opaque_state *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
 int futhark_entry_train(struct futhark_context *ctx, struct futhark_opaque_state **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_state *in0, const int64_t in1);
 

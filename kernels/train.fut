@@ -1,0 +1,236 @@
+-- | One training step, written for speed: the forward pass keeps each
+-- layer's activations, the backward pass (mirroring engine/model.py's
+-- loss_and_grad) computes the gradients of the activations from the
+-- step's weights, and one pass over the parameters then computes each row's
+-- weight gradient and applies Adam to it, in place.  `vjp` of model.fut's
+-- `loss` is the oracle the tests hold this gradient to (microgpt.fut's
+-- `grad_vjp`).
+--
+-- Why this shape (measured: README "Performance"):
+-- * Every weight gradient is a sum over the T (~7) positions of outer
+--   products, G[o, :] = sum_t dY[t, o] * X[t, :].  It is computed one row
+--   of C values at a time, in a row that stays in cache, and Adam updates
+--   that row of the parameters and both moments at once, in place: the
+--   gradient never exists as a P-sized buffer, and each of the three
+--   buffers is read and written once per step.  From s256 up a step is
+--   bound by memory traffic, and on this machine one thread updating in
+--   place moves 34.6 GB/s, fresh arrays 19.5 GB/s (17.2 with two threads).
+-- * Every matrix of the flat buffer has a multiple of C entries (fc2's
+--   rows of 4C are four rows of C), so one pass over rows of C serves
+--   every matrix.
+-- * The gradient of an activation, dY @ W, adds rows of W in place
+--   (model.fut's back_linear), W read once, contiguously.  These products
+--   and the forward pass are the parallel work of the multicore backend,
+--   with no atomics (vjp's accumulations into shared gradients became a
+--   compare-and-swap loop per float there).
+
+import "model"
+
+-- * Forward
+
+-- | The forward pass of one document, keeping what the backward pass
+-- needs: {x0, r0} = rmsnorm(wte[tok] + wpe[pos]) and its scales, `acts`
+-- for each layer, and x, the last layer's output.
+def forward_train [p][t] (d: dims) (c: i64) (f: i64) (h: i64) (nl: i64) (layout: []i64) (flat: [p]f32)
+                         (inputs: [t]i32)
+                         : *{x0: [t][c]f32, r0: [t]f32, acts: [nl](layer_acts [t][c][f][h]), x: [t][c]f32} =
+  let (v, b) = (d.vocab, d.block_size)
+  let c3 = 3 * c
+  let (wte, wpe, _) = embeddings flat layout v b c
+  let (x0, r0) = embed wte wpe inputs
+  let zeros n = replicate t (replicate n 0f32)
+  let none: layer_acts [t][c][f][h] =
+    {xn = zeros c, r1 = replicate t 0, q = zeros c, k = zeros c, v = zeros c,
+     probs = replicate h (replicate t (replicate t 0)), y = zeros c,
+     xn2 = zeros c, r2 = replicate t 0, hid = zeros f}
+  let (x, acts) =
+    loop (x, acts) = (copy x0, replicate nl none) for l < nl do
+      let (x, a) = block_acts h (layer_at flat layout c c3 f l) x
+      in (x, acts with [l] = a)
+  in {x0, r0, acts, x}
+
+-- | The loss of predicting targets from the final hidden states x, and its
+-- gradient with respect to the logits, (softmax - one_hot) / T.
+def loss_and_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32)
+                               : (f32, *[t][v]f32) =
+  let inv_t = 1 / f32.i64 t
+  let rows = map2 (\logits target ->
+                     let top = f32.maximum logits
+                     let e = map (\l -> f32.exp (l - top)) logits
+                     let z = f32.sum e
+                     let loss = f32.log z - (logits[i64.i32 target] - top)
+                     in (loss, map2 (\j ej -> (ej / z - f32.bool (j == i64.i32 target)) * inv_t)
+                                    (iota v) e))
+                  (linear x lm_head) targets
+  let (losses, dlogits) = unzip rows
+  in (f32.sum losses * inv_t, dlogits)
+
+-- * Backward
+
+-- | The gradients of a layer's activations that its weight gradients need:
+-- each weight's gradient is dY.T @ X for one of these dY.
+type layer_grads [t][c][c3][f] =
+  {dqkv: [t][c3]f32,   -- wq, wk, wv (X = xn)
+   dxmid: [t][c]f32,   -- wo (X = y)
+   dhid: [t][f]f32,    -- fc1 (X = xn2)
+   dxout: [t][c]f32}   -- fc2 (X = relu(hid))
+
+-- | Back through one layer: the gradient with respect to its input, and
+-- the activation gradients of its weights.  `blocks`: see back_linear.
+def block_back [t][c][c3][f][h] (blocks: i64) (w: layer [c][c3][f]) (a: layer_acts [t][c][f][h])
+                                (dx: [t][c]f32): (*[t][c]f32, *layer_grads [t][c][c3][f]) =
+  let d = c / h
+  let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
+  -- x_out = x_mid + relu(xn2 @ fc1.T) @ fc2.T
+  let dact = back_linear blocks dx w.fc2
+  let dhid = map2 (map2 (\g hv -> if hv > 0 then g else 0)) dact a.hid
+  let dxn2 = back_linear blocks dhid w.fc1
+  let dxmid = add_rows dx (map3 rmsnorm_back dxn2 a.xn2 a.r2)
+  -- x_mid = x_in + attn(xn) @ wo.T
+  let dy = back_linear blocks dxmid w.wo
+  let head_back hh =
+    let (qh, kh, vh, dyh, p) = (head d a.q hh, head d a.k hh, head d a.v hh, head d dy hh, a.probs[hh])
+    let dp = linear dyh vh  -- (T, T): dp[i, j] = dy_i . v_j
+    let datt = map2 (\pr dpr -> let s = dot pr dpr
+                                in map2 (\pv dv -> pv * (dv - s) * scale) pr dpr) p dp
+    in (matmul datt kh, matmul (transpose datt) qh, matmul (transpose p) dyh)
+  let (dqs, dks, dvs) = unzip3 (map head_back (iota h))
+  let (dq, dk, dv) = (merge_heads c dqs, merge_heads c dks, merge_heads c dvs)
+  let dqkv = map3 (\a b e -> (a ++ b ++ e) :> [c3]f32) dq dk dv
+  let dxn = back_linear blocks dqkv w.wqkv
+  in (add_rows dxmid (map3 rmsnorm_back dxn a.xn a.r1), {dqkv, dxmid, dhid, dxout = copy dx})
+
+-- | What the weight gradients are made of, for one document: every row of
+-- C parameters has the gradient sum_t coef[t] * X[t, :] for coefficients
+-- taken from the inputs, dlogits or a layer's `grads` and one of the (T, C)
+-- matrices in `xs` (update_all says which).
+type sources [t][c][c3][f][v][l][k] =
+  {inputs: [t]i32, dlogits: [t][v]f32, grads: [l](layer_grads [t][c][c3][f]), xs: [k][t][c]f32}
+
+-- | One document's loss and its gradient sources, from the parameters
+-- `flat` (read only: every product here reads the weights before any
+-- update).
+def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inputs: [t]i32)
+                    (targets: [t]i32) =
+  let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
+  let (c3, f, h, nl) = (3 * c, 4 * c, d.n_head, d.n_layer)
+  let fw = forward_train d c f h nl layout flat inputs
+  let (x0, x, acts) = (fw.x0, fw.x, fw.acts)
+  let (_, _, lm_head) = embeddings flat layout v b c
+  let (loss, dlogits) = loss_and_dlogits lm_head x targets
+  let zeros n = replicate t (replicate n 0f32)
+  let none: layer_grads [t][c][c3][f] = {dqkv = zeros c3, dxmid = zeros c, dhid = zeros f, dxout = zeros c}
+  let (dx, grads) =
+    loop (dx, grads) = (back_linear blocks dlogits lm_head, replicate nl none)
+    for i < nl do
+      let l = nl - 1 - i
+      let (dx, g) = block_back blocks (layer_at flat layout c c3 f l) acts[l] dx
+      in (dx, grads with [l] = g)
+  let dx0 = map3 rmsnorm_back dx x0 fw.r0
+  -- xs: dx0 (wte, wpe), x (lm_head), then per layer xn, y, xn2 and the
+  -- four C-column parts of relu(hid) (fc2's rows are F = 4C long),
+  -- written into one array (a concatenation would be read through a
+  -- branch per element, which keeps the row loops from vectorising).
+  let xs = replicate (2 + 7 * nl) (replicate t (replicate c 0f32))
+  let xs = xs with [0] = dx0
+  let xs = xs with [1] = x
+  let xs = loop xs for l < nl do
+             let a = acts[l]
+             let xs = xs with [2 + 7 * l] = a.xn
+             let xs = xs with [3 + 7 * l] = a.y
+             let xs = xs with [4 + 7 * l] = a.xn2
+             in loop xs for part < 4 do
+                  xs with [5 + 7 * l + part] =
+                    map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
+  in (loss, {inputs, dlogits, grads, xs})
+
+-- | Row o's gradient sum_t coef(o, t) * source(o)[t, :], written into acc
+-- (C): four positions per pass over the row, so the row is loaded and
+-- stored a quarter as often.  (Positions past T get a zero coefficient.)
+-- Only loops, no maps: the multicore backend would make a parallel task
+-- of every row.
+#[inline]
+def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32) (acc: *[c]f32): *[c]f32 =
+  #[unsafe]
+  let term i = if i < t then (coef i, i) else (0, 0)
+  let quad q j = let ((c0, i0), (c1, i1)) = (term (4 * q), term (4 * q + 1))
+                 let ((c2, i2), (c3, i3)) = (term (4 * q + 2), term (4 * q + 3))
+                 in c0 * x[i0, j] + c1 * x[i1, j] + c2 * x[i2, j] + c3 * x[i3, j]
+  let acc = loop acc for j < c do acc with [j] = quad 0 j
+  in loop acc for q < (t + 3) / 4 - 1 do
+       loop acc for j < c do acc with [j] = acc[j] + quad (q + 1) j
+
+-- | What a pass does to one parameter: (p, g, m, v) -> (p, m, v).
+type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
+
+-- | Rows first .. first + n - 1 of the flat buffers seen as rows of C:
+-- row first + o gets the gradient sum_t coef(o, t) * source(o)[t, :], and
+-- `update` writes the new parameters and moments in place.  `g` is a row
+-- of scratch space, passed along to save an allocation per row.
+#[inline]
+def update_rows [p][c][t] (update: update) (first: i64) (n: i64)
+                          (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
+                          (params: *[p]f32) (m: *[p]f32) (v: *[p]f32) (g: *[c]f32)
+                          : (*[p]f32, *[p]f32, *[p]f32, *[c]f32) =
+  loop (params, m, v, g) for o < n do
+    let r = (first + o) * c
+    let g = grad_row (coef o) (source o) g
+    let (params, m, v) =
+      #[unsafe]
+      loop (params, m, v) for j < c do
+        let (pj, mj, vj) = update params[r + j] g[j] m[r + j] v[r + j]
+        in (params with [r + j] = pj, m with [r + j] = mj, v with [r + j] = vj)
+    in (params, m, v, g)
+
+-- | Every row's gradient, computed just before `update` turns the row of
+-- parameters and moments into new ones, in place: one sequential pass
+-- that reads and writes each buffer once.  The rows are those of
+-- engine/params.py's layout: wte, wpe, lm_head, then 12 C per layer (wq,
+-- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_state
+-- checked the layout.
+def update_all [p][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
+                                          (params: *[p]f32) (m: *[p]f32) (v: *[p]f32)
+                                          : (*[p]f32, *[p]f32, *[p]f32) =
+  let (vocab, b) = (d.vocab, d.block_size)
+  -- wte: the positions holding each token; wpe: row o is position o's
+  let embedding o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
+                                else f32.bool (i == o - vocab)
+  let (params, m, v, g) = update_rows update 0 (vocab + b) embedding (\_ -> s.xs[0]) params m v (replicate c 0)
+  let (params, m, v, g) =
+    update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v g
+  let (params, m, v, _) =
+    loop (params, m, v, scratch) = (params, m, v, g) for layer < l do
+      let g = s.grads[layer]
+      let coef o i = #[unsafe] if o < 3 * c then g.dqkv[i, o]
+                               else if o < 4 * c then g.dxmid[i, o - 3 * c]
+                               else if o < 8 * c then g.dhid[i, o - 4 * c]
+                               else g.dxout[i, (o - 8 * c) / 4]
+      let source o = #[unsafe] s.xs[2 + 7 * layer + (if o < 3 * c then 0 else if o < 4 * c then 1
+                                                 else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
+      in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) coef source params m v scratch
+  in (params, m, v)
+
+-- * Adam
+
+-- | microgpt's Adam with a linearly decaying learning rate.
+type adam = {learning_rate: f64, beta1: f64, beta2: f64, eps: f64, num_steps: i64}
+
+-- | Adam's per-step scalars at `step` (counted from 0), computed in f64 and
+-- rounded to f32 as engine.model.adam_scales does.
+type adam_scalars = {b1: f32, c1: f32, b2: f32, c2: f32, v_scale: f32, eps_scaled: f32}
+
+def adam_scalars (a: adam) (step: i64): adam_scalars =
+  let t = f64.i64 (step + 1)
+  let lr_t = a.learning_rate * (1 - f64.i64 step / f64.i64 a.num_steps)
+  let step_size = lr_t / (1 - a.beta1 ** t)
+  in {b1 = f32.f64 a.beta1, c1 = f32.f64 (1 - a.beta1), b2 = f32.f64 a.beta2, c2 = f32.f64 (1 - a.beta2),
+      v_scale = f32.f64 (f64.sqrt (1 / (1 - a.beta2 ** t)) / step_size),
+      eps_scaled = f32.f64 (a.eps / step_size)}
+
+-- | The update of one parameter, as engine.model.adam_update computes it:
+-- m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+-- p -= m / (sqrt(v) v_scale + eps_scaled).
+def adam_update (s: adam_scalars) (p: f32) (g: f32) (m: f32) (v: f32): (f32, f32, f32) =
+  let m = m * s.b1 + g * s.c1
+  let v = v * s.b2 + g * g * s.c2
+  in (p - m / (f32.sqrt v * s.v_scale + s.eps_scaled), m, v)

@@ -1,0 +1,189 @@
+"""The Futhark kernel's hand-written backward pass against `vjp`, and its
+key/value-cache sampler against an independent reference.
+
+Training's own gradient must equal grad_vjp (`vjp` of kernels/model.fut's
+loss) and NumPy's loss_and_grad on several documents and model sizes,
+through both ways the kernel runs its backward products (`blocks` 1:
+sequential, 2: parallel tasks). It is read from training itself: with
+beta1 = 0, Adam's first moment after a step is exactly that step's
+gradient (m = 0 * m + 1 * g). A call's first step and the later ones
+take the same pass over copies of the buffers. Samples must equal
+tests/futhark_support.py's reference: the kernel's RNG in Python, NumPy's
+full forward pass for every token, an inverse-CDF draw.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import Cancelled, Corpus, ModelConfig, TrainConfig, open_backend
+from engine.backends import futhark_backend as fbk
+from engine.model import Weights, loss_and_grad
+from futhark_support import CPU_BACKENDS, reference_samples
+
+# the libraries come from the shipped C (kernels/generated/), built once per session
+pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")]
+
+# Names from 2 to 15 characters: documents of T = 3 .. 16 positions.
+NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper", "evelyn",
+         "abigail", "emily", "ella", "elizabeth", "camila", "luna", "bo", "christopherjohn"]
+MODELS = {
+    "tiny": ModelConfig(),
+    "2layer-2head": ModelConfig(n_embd=16, n_layer=2, n_head=2, block_size=8),
+    "s64ish": ModelConfig(n_embd=64, n_layer=3, n_head=4, block_size=64),
+}
+STEPS = [0, 2, 14, 15, 16, 23]  # emma, ava, luna, bo, christopherjohn (truncated at 8), then wrapped
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    return Corpus.from_lines(NAMES)
+
+
+def _state_with_blocks(backend, blocks: int):
+    """A kernel state of backend's model and parameters whose backward
+    products are split into `blocks` parts."""
+    args = fbk.state_arguments(backend.model, backend.train_config, backend.corpus, backend.specs,
+                               backend.get_state().params, blocks=blocks)
+    return backend._call("new_state", *args)
+
+
+def _with_step(backend, state, step: int):
+    """state with backend's parameters and moments at step `step`."""
+    current = backend.get_state()
+    return backend._call("set_training", state, current.params, current.m, current.v, step)
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_training_gradient_equals_vjp_and_numpy(name, model_name, corpus):
+    model = MODELS[model_name]
+    train = TrainConfig(num_steps=100, init_std=0.1, beta1=0.0)
+    backend = open_backend(name, model, train, corpus)
+    try:
+        backend.train(5)  # away from the initial parameters, with Adam moments
+        for blocks in (1, 2):
+            for step in STEPS:
+                state = _with_step(backend, _state_with_blocks(backend, blocks), step)
+                params = backend._values(backend._call("get_params", state))
+                vjp_loss, vjp_grad = backend._call("grad_vjp", state, step)
+                state, losses = backend._call("train", state, 1)
+                train_grad = backend._values(backend._call("get_m", state))
+                numpy_grad = np.zeros_like(params)
+                inputs, targets = corpus.step_tokens(step, model.block_size)
+                numpy_loss = loss_and_grad(Weights(params, backend.specs, model),
+                                           Weights(numpy_grad, backend.specs, model), inputs, targets, model, np)
+                loss = float(backend._values(losses)[0])
+                assert abs(loss - vjp_loss) < 1e-5 and abs(loss - float(numpy_loss)) < 1e-5
+                np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=0, atol=1e-5)
+                np.testing.assert_allclose(train_grad, numpy_grad, rtol=0, atol=1e-5)
+                assert np.abs(train_grad).max() > 1e-3  # a gradient, not zeros
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_training_with_parallel_parts_matches_numpy(blocks, corpus):
+    """train() through either form of the backward products follows NumPy."""
+    model, train = MODELS["s64ish"], TrainConfig(num_steps=20, learning_rate=0.01)
+    backend = open_backend("futhark-c", model, train, corpus)
+    reference = open_backend("numpy", model, train, corpus)
+    try:
+        state, losses = backend._call("train", _state_with_blocks(backend, blocks), 12)
+        np.testing.assert_allclose(backend._values(losses), reference.train(12), rtol=0, atol=1e-4)
+        np.testing.assert_allclose(backend._values(backend._call("get_params", state)),
+                                   reference.get_state().params, rtol=1e-3, atol=1e-5)
+    finally:
+        backend.close()
+
+
+def _trained(name, model, corpus, steps=60):
+    backend = open_backend(name, model, TrainConfig(num_steps=100), corpus)
+    backend.train(steps)
+    return backend
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+@pytest.mark.parametrize("model_name", ["tiny", "2layer-2head"])
+@pytest.mark.parametrize("seed, temperature, prefix", [(0, 0.5, ""), (7, 1.0, ""), (3, 0.8, "ka"),
+                                                       (11, 2.0, "m")])
+def test_samples_equal_the_reference(name, model_name, seed, temperature, prefix, names_corpus):
+    model = MODELS[model_name]
+    backend = _trained(name, model, names_corpus)
+    try:
+        start = names_corpus.encode(prefix)
+        got = backend._sample_ids(25, temperature, seed, start, None)
+        expected = reference_samples(backend.get_state().params, backend.specs, model, names_corpus.bos,
+                                     25, temperature, seed, start)
+        assert got == expected
+        assert any(len(sample) > 1 for sample in got) and len({tuple(s) for s in got}) > 1
+    finally:
+        backend.close()
+
+
+def test_long_samples_grow_the_cache_and_match_the_reference(names_corpus):
+    """Names past the cache's first 32 positions (an untrained model at a high
+    temperature rarely draws bos), while others finish early."""
+    model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=64)
+    backend = open_backend("futhark-c", model, TrainConfig(num_steps=10), names_corpus)
+    try:
+        got = backend._sample_ids(30, 4.0, 5, [], None)
+        lengths = [len(sample) for sample in got]
+        assert max(lengths) > 40 and min(lengths) < 10
+        assert got == reference_samples(backend.get_state().params, backend.specs, model,
+                                        names_corpus.bos, 30, 4.0, 5)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_prefix_samples_start_with_the_prefix(name, names_corpus):
+    model = MODELS["2layer-2head"]
+    backend = _trained(name, model, names_corpus)
+    try:
+        for prefix in ("a", "ka", "mar", "abcdefg"):  # up to block_size - 1 characters
+            names = backend.sample(20, temperature=1.0, seed=4, prefix=prefix)
+            assert len(names) == 20 and all(n.startswith(prefix) for n in names)
+            assert all(len(n) <= model.block_size for n in names)
+            assert len(set(names)) > 1 or len(prefix) == model.block_size - 1
+        # at block_size - 1 characters a name gets exactly one more token (or bos)
+        assert all(len(n) <= model.block_size for n in backend.sample(10, 1.0, 0, prefix="abcdefg"))
+    finally:
+        backend.close()
+
+
+def test_batches_give_the_same_names_as_one_call(names_corpus, monkeypatch):
+    backend = _trained("futhark-c", MODELS["tiny"], names_corpus)
+    try:
+        whole = backend.sample(23, temperature=1.0, seed=9, prefix="e")
+        monkeypatch.setattr(fbk, "MAX_SAMPLE_BATCH", 4)
+        assert fbk.sample_batch(backend.model, 23) == 4
+        assert backend.sample(23, temperature=1.0, seed=9, prefix="e") == whole
+    finally:
+        backend.close()
+
+
+def test_cancel_is_polled_between_batches(names_corpus, monkeypatch):
+    backend = _trained("futhark-c", MODELS["tiny"], names_corpus, steps=5)
+    monkeypatch.setattr(fbk, "MAX_SAMPLE_BATCH", 5)
+    polls = []
+
+    def cancel_after_two_batches():
+        polls.append(1)
+        return len(polls) > 2
+
+    try:
+        with pytest.raises(Cancelled):
+            backend.sample(50, cancel=cancel_after_two_batches)
+        assert len(polls) == 3
+        assert len(backend.sample(12, cancel=lambda: False)) == 12
+    finally:
+        backend.close()
+
+
+def test_sample_batch_bounds_the_cache():
+    small, big = ModelConfig(), ModelConfig(n_embd=768, n_layer=12, n_head=12, block_size=1024)
+    assert fbk.sample_batch(small, 10) == 10 and fbk.sample_batch(small, 10_000) == fbk.MAX_SAMPLE_BATCH
+    per_sample = 2 * 12 * fbk.CACHE_POSITIONS * 768 * 4
+    assert fbk.sample_batch(big, 10_000) == fbk.SAMPLE_CACHE_BYTES // per_sample
+    assert fbk.sample_batch(big, 10) == 10
