@@ -54,13 +54,58 @@ def step_sources [p][l][n][d][rows][c][t] (s: state [p][l][n][d]) (params: [rows
   -- in-place update consumes
   in (loss, copy sources :> sources [t][c][c3][f][nv][nl][2 + 7 * nl])
 
+-- | The squared norm of the step's whole gradient, in f64, computed from
+-- the sources before the in-place update writes anything: a weight's
+-- gradient is sum_t coef_t x_t^T, whose squared Frobenius norm is
+-- sum_{t,s} (coef_t . coef_s) (x_t . x_s), two (T, T) Gram matrices.
+-- Training stops where it is not a finite f32, as the NumPy reference
+-- (its isfinite(dot(g, g))) does: a finite loss can come with an
+-- overflowed gradient (an overflowing rmsnorm gives uniform logits).
+def gram [t][n] (a: [t][n]f32): [t][t]f64 =
+  map (\x -> map (\y -> f64.sum (map2 (\p q -> f64.f32 p * f64.f32 q) x y)) a) a
+
+def gram_dot [t] (a: [t][t]f64) (b: [t][t]f64): f64 =
+  f64.sum (map2 (\r s -> f64.sum (map2 (*) r s)) a b)
+
+def gradient_norm2 [t][c][c3][f][v][l][k] (s: sources [t][c][c3][f][v][l][k]): f64 =
+  let add = map2 (map2 (+))
+  let x0 = gram s.xs[0]
+  let same_token = map (\a -> map (\b -> f64.bool (a == b)) s.inputs) s.inputs  -- wte's coefficients
+  let position = tabulate_2d t t (\i j -> f64.bool (i == j))                     -- wpe's
+  let layer i =
+    let (g, b) = (s.grads[i], 2 + 7 * i)
+    let relu_hid = add (add (gram s.xs[b + 3]) (gram s.xs[b + 4])) (add (gram s.xs[b + 5]) (gram s.xs[b + 6]))
+    in gram_dot (gram g.dqkv) (gram s.xs[b]) + gram_dot (gram g.dxmid) (gram s.xs[b + 1])
+       + gram_dot (gram g.dhid) (gram s.xs[b + 2]) + gram_dot (gram g.dxout) relu_hid
+  in gram_dot same_token x0 + gram_dot position x0 + gram_dot (gram s.dlogits) (gram s.xs[1])
+     + f64.sum (map layer (iota l))
+
+-- | |x|, with NaN as infinity (so that a maximum keeps it).
+def magnitude (x: f32): f32 = if f32.isnan x then f32.inf else f32.abs x
+
+def abs_max [n][m] (a: [n][m]f32): f32 =
+  f32.maximum (map (\row -> f32.maximum (map magnitude row)) a)
+
+-- | Whether the gradient's squared norm is a finite f32.  Every element is
+-- at most T * max|coef| * max|x| in size, and P times its square far below
+-- the f32 range is the usual case: one cheap pass over the sources, and
+-- the Gram matrices only when that bound does not settle it (28% of a
+-- tiny step when computed every time).
+def gradient_is_finite [t][c][c3][f][v][l][k] (p: i64) (s: sources [t][c][c3][f][v][l][k]): bool =
+  let largest = 3.4028234663852886e38  -- the largest finite f32
+  let layer_max (g: layer_grads [t][c][c3][f]) =
+    f32.maximum [abs_max g.dqkv, abs_max g.dxmid, abs_max g.dhid, abs_max g.dxout]
+  let coef = f32.maximum [1, abs_max s.dlogits, f32.maximum (map layer_max s.grads)]
+  let bound = f64.i64 t * f64.f32 coef * f64.f32 (f32.maximum (map abs_max s.xs))
+  in f64.i64 p * bound * bound <= largest || gradient_norm2 s <= largest
+
 -- | Adam's update at `step`, or none (a diverged step, ok = false).
 def adam_at (a: adam) (step: i64) (ok: bool): update =
   let sc = adam_scalars a step
   in \p g m v -> if ok then adam_update sc p g m v else (p, m, v)
 
 -- | Runs up to k steps; returns the new state and the k losses.  A
--- non-finite loss stops the loop without applying that step's update (its
+-- non-finite loss (or gradient) stops the loop without applying that step's update (its
 -- loss is reported, the later entries stay NaN), so the state keeps the
 -- parameters from before it.  The steps update copies of the buffers in
 -- place (update_all): the state passed in stays as it was, so a call that
@@ -75,9 +120,11 @@ def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][
       let (start, t) = window s step
       let (loss, sources) = step_sources s (as_rows rows c params) (s.tokens[start:start + t] :> [t]i32)
                                          (s.tokens[start + 1:start + 1 + t] :> [t]i32)
-      let ok = finite loss
+      let ok = finite loss && gradient_is_finite p sources
       let (params, m, v) = update_all s.dims (adam_at s.adam step ok) sources params m v
-      in (params, m, v, if ok then step + 1 else step, losses with [i] = loss, if ok then i + 1 else k)
+      -- a finite loss with an overflowed gradient is reported as NaN, as NumPy does
+      let reported = if ok || !(finite loss) then loss else f32.nan
+      in (params, m, v, if ok then step + 1 else step, losses with [i] = reported, if ok then i + 1 else k)
   in (with_training s params m v step, losses)
 
 -- * Entry points

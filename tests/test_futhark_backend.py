@@ -180,6 +180,28 @@ def test_checkpoints_move_between_futhark_and_numpy(name, names_corpus, tmp_path
 
 @pytest.mark.futhark
 @pytest.mark.parametrize("name", CPU_BACKENDS)
+@pytest.mark.parametrize("learning_rate", [1e30, 1e10])
+def test_an_overflowed_gradient_stops_where_numpy_stops(name, learning_rate, corpus, futhark_cpu_builds):
+    """A step whose loss is finite but whose gradient overflows (the first step's huge
+    update makes rmsnorm overflow, which gives uniform logits) applies no update: it
+    used to write NaN into every parameter one step after NumPy stopped."""
+    model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8)
+    train = TrainConfig(num_steps=50, learning_rate=learning_rate)
+    reference, backend = open_backend("numpy", model, train, corpus), open_backend(name, model, train, corpus)
+    for run in (reference, backend):
+        with pytest.raises(TrainingDiverged):
+            run.train(50)
+    assert backend.step == reference.step
+    expected, got = reference.get_state(), backend.get_state()
+    for field in ("params", "m", "v"):
+        assert np.isfinite(getattr(got, field)).all(), field
+        np.testing.assert_allclose(getattr(got, field), getattr(expected, field), rtol=1e-4,
+                                   atol=1e-4 * np.abs(getattr(expected, field)).max())
+    backend.close()
+
+
+@pytest.mark.futhark
+@pytest.mark.parametrize("name", CPU_BACKENDS)
 def test_divergence_keeps_the_parameters_from_before(name, corpus, futhark_cpu_builds):
     """The kernel's isnan/isinf check survives the build's flags (no finite-math assumption)."""
     model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8)
