@@ -4,7 +4,7 @@ invalid; the engine's own validation is the one source of those reasons.
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QPalette
@@ -19,8 +19,8 @@ INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native fr
 
 
 class PathLabel(QLabel):
-    """A file path elided in the middle to fit (the file name stays visible); the
-    full path is its tooltip and `path`."""
+    """A file path elided in the middle to fit, keeping the file name whole where
+    it fits; the full path is its tooltip and `path`."""
 
     def __init__(self, placeholder: str, **kwargs):
         super().__init__(**kwargs)
@@ -42,7 +42,15 @@ class PathLabel(QLabel):
         if not self.path:
             super().setText(self._placeholder)
             return
-        super().setText(self.fontMetrics().elidedText(self.path, Qt.ElideMiddle, max(self.width(), 40)))
+        metrics, width = self.fontMetrics(), max(self.width(), 40)
+        folder, name = os.path.split(self.path)
+        tail = os.sep + name
+        room = width - metrics.horizontalAdvance(tail)
+        if folder and metrics.horizontalAdvance(self.path) > width and room > metrics.horizontalAdvance("/…"):
+            text = metrics.elidedText(folder, Qt.ElideMiddle, room) + tail
+        else:
+            text = metrics.elidedText(self.path, Qt.ElideMiddle, width)
+        super().setText(text)
 
 
 def mark_invalid(spin: QSpinBox | QDoubleSpinBox, invalid: bool) -> None:

@@ -20,7 +20,7 @@ from PySide6.QtGui import QAction, QKeySequence
 import engine
 
 from . import worker as w
-from .sessions import END_BOUND_S
+from . import sessions
 
 STOPPING = "stopping"  # the window's own state while an ended run's worker finishes its call
 ACTIVE = (w.RUNNING, w.PAUSED)
@@ -76,7 +76,7 @@ class RunControl:
         self._checkpoint_read = None  # the latest Load checkpoint, until it reports
         self._stopping_timer = QTimer(self, interval=STOPPING_REFRESH_MS)
         self._stopping_timer.timeout.connect(self._update_progress_text)
-        self._exit_timer = QTimer(self, singleShot=True, interval=int(1000 * END_BOUND_S))
+        self._exit_timer = QTimer(self, singleShot=True)
         self._exit_timer.timeout.connect(self._give_up_waiting)
         self.sessions.allEnded.connect(self._on_sessions_ended)
 
@@ -219,7 +219,7 @@ class RunControl:
             event.ignore()
             self.hide()
             if not self._exit_timer.isActive():
-                self._exit_timer.start()
+                self._exit_timer.start(int(1000 * sessions.END_BOUND_S))
             return
         self._exit_timer.stop()
         super().closeEvent(event)
@@ -228,7 +228,7 @@ class RunControl:
     def _give_up_waiting(self) -> None:
         if self.sessions.busy_ending:
             self.exit_hook(f"the training thread is still busy ({self.sessions.waiting_for() or 'ending'}) "
-                           f"{END_BOUND_S:.0f} s after the window was closed; exiting without waiting for it")
+                           f"{sessions.END_BOUND_S:g} s after the window was closed; exiting without waiting for it")
 
     # worker reports -----------------------------------------------------------
     def _on_opened(self, info: w.RunInfo) -> None:

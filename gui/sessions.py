@@ -152,16 +152,17 @@ def exit_now(message: str, status: int = 0) -> None:
     os._exit(status)
 
 
-def exit_when_sessions_end(bound_s: float = END_BOUND_S) -> None:
-    """At interpreter exit: wait (up to bound_s) for sessions still ending, then
-    exit without tearing down a running QThread."""
+def exit_when_sessions_end(bound_s: float | None = None) -> None:
+    """At interpreter exit: wait (up to bound_s, default END_BOUND_S) for sessions
+    still ending, then exit without tearing down a running QThread."""
+    bound_s = END_BOUND_S if bound_s is None else bound_s
     deadline = time.monotonic() + bound_s
     for session in running_sessions():
         session.end()
         remaining_ms = max(0, int(1000 * (deadline - time.monotonic())))
         if not session.thread.wait(remaining_ms):
-            exit_now(f"the training thread is still {session.waiting_for or 'busy'} after "
-                     f"{bound_s:.0f} s; exiting without waiting for it")
+            exit_now(f"the training thread is still busy ({session.waiting_for or 'ending'}) after "
+                     f"{bound_s:g} s; exiting without waiting for it")
 
 
 atexit.register(exit_when_sessions_end)
