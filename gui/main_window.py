@@ -25,7 +25,7 @@ from .file_actions import FileActions
 from .loss_plot import LossPlot
 from .run_control import IDLE, STOPPING, RunControl
 from .sample_panel import SamplePanel
-from .sessions import Sessions, exit_now
+from .sessions import Sessions, exit_now, shorten_gil_switch_interval
 
 ORGANIZATION, APPLICATION = "microgpt-gui", "microgpt-gui"
 SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # an .ini path that replaces the user's settings
@@ -43,6 +43,14 @@ def plain_text(text: str) -> str:
     return QTextDocumentFragment.fromHtml(text).toPlainText() if QtGui.Qt.mightBeRichText(text) else text
 
 
+def read_corpus(path: str) -> engine.Corpus:
+    """The dataset, with its token arrays built (a Python loop over every document:
+    done here, off the GUI thread, not at the window's first look at it)."""
+    corpus = engine.load_corpus(path)
+    corpus.arrays  # noqa: B018  (a cached property: built once, here)
+    return corpus
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -58,6 +66,7 @@ class MainWindow(RunControl, FileActions, QMainWindow):
 
     def __init__(self, data_path: str | os.PathLike | None = None, parent=None):
         super().__init__(parent)
+        shorten_gil_switch_interval()  # datasets are read, runs trained, in other threads
         self.setWindowTitle("microgpt-gui")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.svg")))
         self.corpus: engine.Corpus | None = None
@@ -152,7 +161,7 @@ class MainWindow(RunControl, FileActions, QMainWindow):
             if not path:
                 return False
         path = str(path)
-        self._dataset_read = BackgroundCall("read-dataset", engine.load_corpus, path, parent=self)
+        self._dataset_read = BackgroundCall("read-dataset", read_corpus, path, parent=self)
         self._dataset_read.done.connect(self._on_dataset_read)
         self._dataset_read.failed.connect(self._on_dataset_failed)
         self._dataset_read.start()

@@ -16,20 +16,22 @@ import atexit
 import os
 import sys
 import time
+import weakref
 
-from PySide6.QtCore import QObject, QThread, Qt, Signal
+from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal
 
 from .worker import RunSpec, TrainingWorker
 
-# While a run is going the GUI thread waits for the GIL at each of its many short
-# Qt calls, up to one switch interval (5 ms by default) every time; a shorter
-# interval keeps the event loop's stalls small.
+# While a worker or a file read computes in Python, the GUI thread waits for the GIL
+# at each of its many short Qt calls, up to one switch interval (5 ms by default)
+# every time; a shorter interval keeps the event loop's stalls small.
 GIL_SWITCH_INTERVAL_S = 0.0005
 # How long a closed window (or an exiting interpreter) waits for a worker inside
 # a call that cannot be cut short (opening a huge model, compiling kernels).
 END_BOUND_S = 20.0
 
 _alive: set["Session"] = set()  # started and not yet finished, whoever else holds them
+_finishing: list["Session"] = []  # finished signal seen, QThread still ending
 
 
 class WorkerReports(QObject):
@@ -67,7 +69,7 @@ class Session:
         self.worker.finished.connect(self.thread.quit, Qt.DirectConnection)
 
     def start(self) -> None:
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+        shorten_gil_switch_interval()
         _alive.add(self)  # Sessions drops it once the thread has finished
         self.thread.start()
 
@@ -102,8 +104,10 @@ class Sessions(QObject):
         assert self.current is None, "end the current session before starting another"
         session = self.current = Session(spec)
         # queued to the GUI thread (where the QThread object lives): the last
-        # reference to a QThread must never be dropped on that thread itself
-        session.thread.finished.connect(lambda: self._on_thread_finished(session))
+        # reference to a QThread must never be dropped on that thread itself.
+        # A weak reference: the connection must not keep the session alive.
+        ref = weakref.ref(session)
+        session.thread.finished.connect(lambda: self._on_thread_finished(ref()))
         return session
 
     def end_current(self, serve_saves: bool = True) -> None:
@@ -115,8 +119,11 @@ class Sessions(QObject):
         if session in _alive:
             self.ending.append(session)
 
-    def _on_thread_finished(self, session: Session) -> None:
+    def _on_thread_finished(self, session: Session | None) -> None:
+        if session is None:
+            return
         _alive.discard(session)
+        _release_when_finished(session)
         if session in self.ending:
             self.ending.remove(session)
             if not self.ending:
@@ -137,6 +144,26 @@ class Sessions(QObject):
         """No thread of any session is running (the current one included)."""
         sessions = [*self.ending, *([self.current] if self.current else [])]
         return not any(s.thread.isRunning() for s in sessions)
+
+
+def _release_when_finished(session: Session) -> None:
+    """Hold the session until its thread is past QThread's own ending, then let it go:
+    dropping the last reference before that would make the QThread destructor wait."""
+    if session.thread.isFinished():
+        return
+    _finishing.append(session)
+
+    def retry() -> None:
+        _finishing.remove(session)
+        _release_when_finished(session)
+
+    QTimer.singleShot(20, retry)
+
+
+def shorten_gil_switch_interval() -> None:
+    """The GUI thread's many short Python calls each wait for the GIL up to one switch
+    interval while another thread computes: keep that interval short."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
 
 
 def running_sessions() -> list[Session]:

@@ -111,7 +111,8 @@ class TrainingWorker(QObject):
         self._commands.put(("save", path))
 
     def loss_history(self) -> np.ndarray:
-        """A copy of the backend's loss history, taken without waiting for the worker."""
+        """A copy of the backend's loss history, taken without waiting for the worker
+        (empty once the worker has ended)."""
         backend = self.backend
         return backend.loss_history if backend is not None else np.empty(0, dtype=np.float32)
 
@@ -156,6 +157,7 @@ class TrainingWorker(QObject):
                 b.close()
             except Exception:  # closing must not stop the thread from ending
                 pass
+            self.backend = None  # its memory goes now, not when the window lets go of this worker
 
     def _open(self) -> engine.Backend:
         spec = self.spec

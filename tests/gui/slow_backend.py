@@ -1,5 +1,4 @@
-"""A NumPy backend made artificially slow, and a probe of the GUI thread's
-event-loop latency: the tools of the never-freeze tests and the soak.
+"""A NumPy backend made artificially slow, for the never-freeze tests and the soak.
 
 SlowBackend sleeps in `open`, in every `train(k)` call and in `sample`, as a
 large model, a compile or a long sampling run would. Its sampling honours
@@ -14,7 +13,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from PySide6.QtCore import QElapsedTimer, QObject, QTimer
 
 import engine
 from engine.backends import _REGISTRY, register_backend
@@ -82,45 +80,3 @@ def register(delays: Delays) -> None:
 
 def unregister() -> None:
     _REGISTRY.pop(NAME, None)
-
-
-class LatencyProbe(QObject):
-    """How late a TICK_MS timer fires on the GUI thread: the longest event-loop
-    stall, and what was going on then (`label`, set by whoever drives the window)."""
-
-    TICK_MS = 10
-    NOTE_MS = 50  # stalls longer than this are kept, with their label
-
-    def __init__(self):
-        super().__init__()
-        self.label = ""
-        self.ticks = 0
-        self.stalls: list[tuple[float, str]] = []  # (ms, label) of each stall over NOTE_MS
-        self.max_ms, self.max_label = 0.0, ""
-        self._clock = QElapsedTimer()
-        self._timer = QTimer(self, interval=self.TICK_MS)
-        self._timer.timeout.connect(self._tick)
-
-    def start(self) -> None:
-        self._clock.start()
-        self._timer.start()
-
-    def stop(self) -> None:
-        self._timer.stop()
-
-    def pause(self) -> None:
-        """Stop counting (e.g. while the driver itself builds a new window)."""
-        self._timer.stop()
-
-    def resume(self) -> None:
-        self._clock.restart()
-        self._timer.start()
-
-    def _tick(self) -> None:
-        late = self._clock.nsecsElapsed() / 1e6 - self.TICK_MS
-        self._clock.restart()
-        self.ticks += 1
-        if late > self.NOTE_MS:
-            self.stalls.append((late, self.label))
-        if late > self.max_ms:
-            self.max_ms, self.max_label = late, self.label

@@ -17,7 +17,8 @@ from PySide6.QtWidgets import QListWidget
 
 import engine
 import slow_backend
-from slow_backend import Delays, LatencyProbe, SlowBackend
+from latency_probe import LatencyProbe
+from slow_backend import Delays, SlowBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_MS = 60_000
