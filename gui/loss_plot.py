@@ -171,7 +171,9 @@ class LossPlot(QWidget):
 
     def clear(self) -> None:
         self.series = GrowingSeries()
-        self.plot.getPlotItem().vb.enableAutoRange(x=True, y=True)
+        view = self.plot.getPlotItem().vb
+        view.setRange(xRange=(0, 1), yRange=(0, 1), padding=0, disableAutoRange=False)  # as at start
+        view.enableAutoRange(x=True, y=True)
         self.redraw()
 
     def follow_run(self, num_steps: int) -> None:

@@ -23,7 +23,7 @@ from .config_panel import ConfigPanel
 from .dialogs import DefaultDatasetDownload, show_message_box
 from .file_actions import FileActions
 from .loss_plot import LossPlot
-from .run_control import IDLE, STOPPING, RunControl
+from .run_control import IDLE, STOPPING, RunControl, format_duration
 from .sample_panel import SamplePanel
 from .sessions import Sessions, exit_now, shorten_gil_switch_interval
 
@@ -49,12 +49,6 @@ def read_corpus(path: str) -> engine.Corpus:
     corpus = engine.load_corpus(path)
     corpus.arrays  # noqa: B018  (a cached property: built once, here)
     return corpus
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 class MainWindow(RunControl, FileActions, QMainWindow):

@@ -38,12 +38,18 @@ def format_rate(rate: float) -> str:
     return f"{rounded:,.0f}" if rounded >= 10 else f"{rounded:g}"
 
 
+def format_duration(seconds: float) -> str:
+    """'1:05' (m:ss) or '1:02:03' (h:mm:ss)."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
 def format_seconds(seconds: float) -> str:
+    """'0.15 s' (two significant digits) under a minute, else '1:22 min' or '1:02:03'."""
     if seconds < 60:
         return f"{float(f'{seconds:.2g}'):g} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d} min"
+    return format_duration(seconds) + (" min" if seconds < 3600 else "")
 
 
 def run_summary(steps: int, seconds: float) -> str:
@@ -296,7 +302,7 @@ class RunControl:
         if state == w.FAILED:
             self._reset_progress()
         if state == STOPPING:
-            self.progress_bar.setRange(0, 0)  # busy: the worker's call has no progress to show
+            self._reset_progress()  # an empty bar with "stopping… (waiting for: ...)" as its text
             self._stopping_timer.start()
             waiting = self.sessions.waiting_for()
             self.statusBar().showMessage("Stopping the run" + (f": waiting for the worker ({waiting})..."

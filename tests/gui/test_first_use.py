@@ -8,8 +8,8 @@ import numpy as np
 import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QColor, QImage, QPainter, QPalette
-from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QDoubleSpinBox, QLabel, QListWidget,
+from PySide6.QtGui import QAction, QImage, QPainter
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QLabel, QListWidget,
                                QProgressBar, QPushButton, QScrollArea, QSlider, QSpinBox, QSplitter)
 
 import engine
