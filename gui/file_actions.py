@@ -8,6 +8,8 @@ losses, never the worker's state.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +169,15 @@ class FileActions:
 
 
 def write_csv(path: str, header: str, steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray) -> str:
+    """Write the table beside path, then rename it: a write cut short (the app quit
+    meanwhile) never leaves a truncated CSV under the user's name."""
+    partial = f"{path}.part"
     table = np.column_stack([steps, losses, smoothed])
-    np.savetxt(path, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",", header=header, comments="")
+    try:
+        np.savetxt(partial, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",", header=header, comments="")
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
     return path

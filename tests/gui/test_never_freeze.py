@@ -222,6 +222,18 @@ def test_export_csv_while_sampling_does_not_wait(make_window, names_path, slow, 
     np.testing.assert_allclose(table[:, 1], window.session.worker.loss_history(), atol=1e-6)
 
 
+def test_a_failed_export_is_a_message_and_leaves_no_partial_file(make_window, names_path, slow, qtbot, tmp_path):
+    slow()
+    window = make_window(names_path)
+    start_slow_run(qtbot, window, steps=20, state="done")
+    (tmp_path / "taken").mkdir()
+    window.export_csv(str(tmp_path / "taken"))  # a folder by that name: the rename fails
+    qtbot.waitUntil(lambda: bool(window.messages), timeout=TIMEOUT_MS)
+    kind, title, text = window.messages[-1]
+    assert (kind, title) == ("error", "Export failed") and "taken" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
 # files ------------------------------------------------------------------------------------
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 def test_a_fifo_as_dataset_does_not_hang_the_window(make_window, names_path, qtbot, tmp_path):
