@@ -51,7 +51,8 @@ class Soak:
         self.files = self._make_files()
         self.fifos: list[Path] = []
         self.probe = LatencyProbe(stacks=args.stacks)
-        self.windows: list = []   # every window made, to check each really closed
+        self.windows: list = []   # windows not yet closed (a closed one is deleted)
+        self.windows_made = self.windows_closed = 0
         self.window = None
         self.counts: Counter = Counter()
         self.exceptions: list[str] = []
@@ -88,8 +89,16 @@ class Soak:
         window.show()
         window.activateWindow()  # the Run menu's keys need the active window
         self.windows.append(window)
+        self.windows_made += 1
+        window.closed.connect(lambda: self._on_closed(window))
         self.window = window
         self.starting = window
+
+    def _on_closed(self, window) -> None:
+        """A window's close completed (its worker had finished): let it go."""
+        self.windows.remove(window)
+        self.windows_closed += 1
+        window.deleteLater()
 
     # the run ------------------------------------------------------------------
     def start(self) -> None:
@@ -151,7 +160,7 @@ class Soak:
         from gui.sessions import running_sessions
 
         self.probe.label = "closing at the end"
-        for window in self.windows:
+        for window in list(self.windows):
             window.close()
         for fifo in self.fifos:  # release readers still waiting on a FIFO
             try:
@@ -177,7 +186,7 @@ class Soak:
         limit = self.args.max_stall_ms
         return {
             "seed": self.args.seed, "actions": self.done_actions, "seconds": round(time.monotonic() - self.started, 1),
-            "windows": len(self.windows), "probe_ticks": self.probe.ticks,
+            "windows": self.windows_made, "probe_ticks": self.probe.ticks,
             "max_stall_ms": round(self.probe.max_ms, 1), "max_stall_during": self.probe.max_label,
             # a stall's own part: all of it but the time this process waited for a free CPU
             # (other processes' load); over the limit, that part fails the soak
@@ -188,7 +197,7 @@ class Soak:
             "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
             "exceptions": self.exceptions, "gave_up": self.gave_up,
             "threads_running_at_end": len(running_sessions()),
-            "windows_still_open": sum(w.isVisible() or w.sessions.busy_ending for w in self.windows),
+            "windows_still_open": self.windows_made - self.windows_closed,
             "action_counts": dict(sorted(self.counts.items())),
             "slow_backend_calls": dict(self.slow.SlowBackend.calls),
         }
@@ -279,7 +288,7 @@ def open_dataset(soak) -> None:
 
 
 def close_and_reopen(soak) -> None:
-    if len(soak.windows) >= soak.args.max_windows:
+    if soak.windows_made >= soak.args.max_windows:
         return
     soak.window.close()  # with a busy worker: hidden now, closed when it has finished
     soak.new_window()
@@ -385,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actions", type=int, default=300, help="number of actions (ignored with --minutes)")
     parser.add_argument("--minutes", type=float, help="run for this long instead of a number of actions")
     parser.add_argument("--max-stall-ms", type=float, default=100.0)
-    parser.add_argument("--max-windows", type=int, default=12, help="windows made by close-and-reopen, at most")
+    parser.add_argument("--max-windows", type=int, default=1000, help="windows made by close-and-reopen, at most")
     parser.add_argument("--data", default=DEFAULT_DATA)
     parser.add_argument("--stacks", action="store_true",
                         help="sample the GUI thread's stack every 2 ms and report it for each stall over 50 ms")
