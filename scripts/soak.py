@@ -39,7 +39,7 @@ class Soak:
     def __init__(self, app, args):
         import slow_backend
         from gui.main_window import RESOURCES
-        from latency_probe import LatencyProbe
+        import latency_probe
 
         self.app, self.args = app, args
         self.rng = random.Random(args.seed)
@@ -50,7 +50,7 @@ class Soak:
         os.environ["MICROGPT_GUI_SETTINGS"] = str(self.folder / "settings.ini")
         self.files = self._make_files()
         self.fifos: list[Path] = []
-        self.probe = LatencyProbe(stacks=args.stacks)
+        self.probe = latency_probe.LatencyProbe(stacks=args.stacks)
         self.windows: list = []   # windows not yet closed (a closed one is deleted)
         self.windows_made = self.windows_closed = 0
         self.window = None
@@ -181,6 +181,7 @@ class Soak:
         check()
 
     def report(self) -> dict:
+        import latency_probe
         from gui.sessions import running_sessions
 
         limit = self.args.max_stall_ms
@@ -193,7 +194,7 @@ class Soak:
             "max_own_stall_ms": round(self.probe.max_own_ms, 1),
             "stalls_over_limit": [s.brief() for s in self.probe.stalls if s.own_ms > limit],
             "stalls_over_50ms": [s.brief() for s in self.probe.stalls],
-            "stall_fields": "ms, during, own ms, GUI on CPU, GUI waiting for CPU, other thread waiting, gc ms",
+            "stall_fields": latency_probe.FIELDS,
             "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
             "exceptions": self.exceptions, "gave_up": self.gave_up,
             "threads_running_at_end": len(running_sessions()),

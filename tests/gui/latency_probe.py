@@ -6,7 +6,9 @@ computing, or waiting for the GIL or a lock) and partly other processes' (the
 GUI thread, or the thread holding the GIL, runnable but waiting for a CPU).
 On Linux each stall records, from /proc/self/task/*/schedstat, how long the
 GUI thread ran, how long it waited for a CPU, and the longest any other
-thread of the process waited for one; `own_ms` is the stall less those waits.
+thread of the process waited for one, and from /proc/stat the time the
+hypervisor gave this virtual machine's CPUs to others (steal, per CPU);
+`own_ms` is the stall less those waits.
 With stacks=True a thread samples every thread's Python stack every 2 ms and
 each stall keeps the stacks seen most often during it.
 """
@@ -34,17 +36,31 @@ class Stall:
     gui_cpu_ms: float     # the GUI thread ran
     gui_wait_ms: float    # the GUI thread was runnable, waiting for a CPU
     other_wait_ms: float  # the longest another thread of the process waited for a CPU
+    steal_ms: float       # CPU time the hypervisor gave to other machines, per CPU
     gc_ms: float          # Python's garbage collection on the GUI thread
     stacks: list[str] = field(default_factory=list)
 
     @property
     def own_ms(self) -> float:
         """The stall less the time this process waited for a CPU (other processes' load)."""
-        return max(0.0, self.ms - self.gui_wait_ms - self.other_wait_ms)
+        return max(0.0, self.ms - self.gui_wait_ms - self.other_wait_ms - self.steal_ms)
 
     def brief(self) -> tuple:
         return (round(self.ms), self.label, round(self.own_ms), round(self.gui_cpu_ms), round(self.gui_wait_ms),
-                round(self.other_wait_ms), round(self.gc_ms))
+                round(self.other_wait_ms), round(self.steal_ms), round(self.gc_ms))
+
+
+FIELDS = "ms, during, own ms, GUI on CPU, GUI waiting for a CPU, other thread waiting, steal, gc ms"
+
+
+def steal_ms() -> float:
+    """The machine's steal time so far, per CPU, in ms (0 where /proc/stat has none)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") / (os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def thread_schedstats() -> dict[str, tuple[int, int]]:
@@ -73,6 +89,7 @@ class LatencyProbe(QObject):
         self.max_ms, self.max_label = 0.0, ""
         self._gui_thread, self._gui_tid = threading.get_ident(), str(threading.get_native_id())
         self._last: dict[str, tuple[int, int]] = {}
+        self._last_steal = 0.0
         self._gc_ms, self._gc_started = 0.0, 0.0
         gc.callbacks.append(self._on_gc)
         self._samples: collections.deque = collections.deque(maxlen=8192)
@@ -88,7 +105,7 @@ class LatencyProbe(QObject):
 
     def start(self) -> None:
         self._clock.start()
-        self._last = thread_schedstats()
+        self._last, self._last_steal = thread_schedstats(), steal_ms()
         self._timer.start()
 
     def stop(self) -> None:
@@ -102,8 +119,9 @@ class LatencyProbe(QObject):
     def _tick(self) -> None:
         late = self._clock.nsecsElapsed() / 1e6 - TICK_MS
         self._clock.restart()
-        now = thread_schedstats()
+        now, steal = thread_schedstats(), steal_ms()
         before, self._last = self._last, now
+        stolen, self._last_steal = steal - self._last_steal, steal
         gc_ms, self._gc_ms = self._gc_ms, 0.0
         self.ticks += 1
         if late > self.max_ms:
@@ -114,7 +132,8 @@ class LatencyProbe(QObject):
                  for tid in now if tid in before}
         gui_cpu, gui_wait = delta.get(self._gui_tid, (0.0, 0.0))
         other_wait = max((wait for tid, (_, wait) in delta.items() if tid != self._gui_tid), default=0.0)
-        self.stalls.append(Stall(late, self.label, gui_cpu, gui_wait, other_wait, gc_ms, self._stacks_since(late)))
+        self.stalls.append(Stall(late, self.label, gui_cpu, gui_wait, other_wait, stolen, gc_ms,
+                                 self._stacks_since(late)))
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if threading.get_ident() != self._gui_thread:

@@ -27,7 +27,7 @@ def test_soak_no_stall_no_abort_every_thread_finished(names_path, tmp_path):
     report = json.loads(report_path.read_text())
     assert report["exceptions"] == []
     assert report["gave_up"] == []
-    assert report["stalls_over_limit"] == [], report["stall_fields"]
+    assert report["stalls_over_limit"] == [], (report["stall_fields"], report["stalls_over_limit"])
     assert report["threads_running_at_end"] == 0 and report["windows_still_open"] == 0
     assert report["actions"] == actions
     # it did what it is for: slow openings and samples, interrupted by Reset, close and load
