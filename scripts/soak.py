@@ -6,7 +6,7 @@ sampling. It checks what issue 13 asks:
 
   no event-loop stall over --max-stall-ms on the GUI thread (a 10 ms QTimer probe),
     less the time the process waited for a CPU (tests/gui/latency_probe.py)
-  no Python exception in a slot, no abort (run it as a process: abort = signal)
+  no Python exception in a slot, no Qt warning, no abort (run it as a process: abort = signal)
   every training thread finished at the end, every closed window really closed
 
     python scripts/soak.py [--seed 1] [--actions 300 | --minutes 30] [--json report.json]
@@ -16,6 +16,7 @@ Exit status 0 when every check holds, 1 otherwise. Offscreen by default.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -37,6 +38,8 @@ MAX_FIFOS = 3  # each FIFO read may leave a daemon thread waiting until the end
 
 class Soak:
     def __init__(self, app, args):
+        from PySide6.QtCore import qInstallMessageHandler
+
         import slow_backend
         from gui.main_window import RESOURCES
         import latency_probe
@@ -60,6 +63,8 @@ class Soak:
         self.done_actions = 0
         self.log: list[str] = []
         self.starting = None  # a new window still reading its dataset
+        self.qt_messages: Counter = Counter()
+        qInstallMessageHandler(self._on_qt_message)
         self.started = time.monotonic()
         sys.excepthook = self._on_exception  # PySide reports exceptions in slots here
 
@@ -95,10 +100,22 @@ class Soak:
         self.starting = window
 
     def _on_closed(self, window) -> None:
-        """A window's close completed (its worker had finished): let it go."""
+        """A window's close completed (its worker had finished): let it go, and collect
+        its Python garbage here, on the GUI thread (Python's collector runs in whichever
+        thread allocates; Qt objects must not be destroyed from a worker's)."""
         self.windows.remove(window)
         self.windows_closed += 1
         window.deleteLater()
+        self.later(0, self._collect)
+
+    def _collect(self) -> None:
+        self.probe.pause()  # the driver's own work: the app never deletes its window
+        gc.collect()
+        self.probe.resume()
+
+    def _on_qt_message(self, kind, context, message: str) -> None:
+        if "propagateSizeHints" not in message:  # the offscreen platform's notice
+            self.qt_messages[message] += 1
 
     # the run ------------------------------------------------------------------
     def start(self) -> None:
@@ -197,6 +214,7 @@ class Soak:
             "stall_fields": latency_probe.FIELDS,
             "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
             "exceptions": self.exceptions, "gave_up": self.gave_up,
+            "qt_warnings": dict(self.qt_messages),
             "threads_running_at_end": len(running_sessions()),
             "windows_still_open": self.windows_made - self.windows_closed,
             "action_counts": dict(sorted(self.counts.items())),
@@ -417,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(text)
         Path(args.json).with_suffix(".log").write_text("\n".join(soak.log))
     ok = (not report["exceptions"] and not report["gave_up"] and not report["stalls_over_limit"]
+          and not report["qt_warnings"]
           and report["threads_running_at_end"] == 0 and report["windows_still_open"] == 0)
     print(text)
     print(f"soak {'passed' if ok else 'FAILED'}: seed {args.seed}, {report['actions']} actions in "

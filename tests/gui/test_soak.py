@@ -26,6 +26,7 @@ def test_soak_no_stall_no_abort_every_thread_finished(names_path, tmp_path):
     assert result.returncode in (0, 1), f"the soak died (status {result.returncode}): {result.stderr[-3000:]}"
     report = json.loads(report_path.read_text())
     assert report["exceptions"] == []
+    assert report["qt_warnings"] == {}
     assert report["gave_up"] == []
     assert report["stalls_over_limit"] == [], (report["stall_fields"], report["stalls_over_limit"])
     assert report["threads_running_at_end"] == 0 and report["windows_still_open"] == 0
