@@ -54,6 +54,10 @@ def run_gui(args: argparse.Namespace) -> int:
     if style.is_file():  # cosmetic: the window works without it
         app.setStyleSheet(style.read_text(encoding="utf-8"))
     window = MainWindow(data_path=args.data)
+    # quit when the window has really closed: with a worker inside a long call it
+    # hides at once and closes only when the worker has finished
+    app.setQuitOnLastWindowClosed(False)
+    window.closed.connect(app.quit)
     if args.preset:
         window.config_panel.preset_combo.setCurrentText(args.preset)
     if args.backend and not window.config_panel.select_backend(args.backend):

@@ -4,14 +4,64 @@ invalid; the engine's own validation is the one source of those reasons.
 """
 from __future__ import annotations
 
+import os
+
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+                               QLabel, QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 import engine
 
 MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
 FIELD_RANGES = {"n_embd": (1, 4096), "n_layer": (1, 96), "n_head": (1, 128), "block_size": (2, 4096)}
+INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native frame and arrows stay)
+
+
+class PathLabel(QLabel):
+    """A file path elided in the middle to fit, keeping the file name whole where
+    it fits; the full path is its tooltip and `path`."""
+
+    def __init__(self, placeholder: str, **kwargs):
+        super().__init__(**kwargs)
+        self.path, self._placeholder = "", placeholder
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # elide rather than widen the column
+        self.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self._elide()
+
+    def set_path(self, path: str) -> None:
+        self.path = str(path)
+        self.setToolTip(self.path)
+        self._elide()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        if not self.path:
+            super().setText(self._placeholder)
+            return
+        metrics, width = self.fontMetrics(), max(self.width(), 40)
+        folder, name = os.path.split(self.path)
+        tail = os.sep + name
+        room = width - metrics.horizontalAdvance(tail)
+        if folder and metrics.horizontalAdvance(self.path) > width and room > metrics.horizontalAdvance("/…"):
+            text = metrics.elidedText(folder, Qt.ElideMiddle, room) + tail
+        else:
+            text = metrics.elidedText(self.path, Qt.ElideMiddle, width)
+        super().setText(text)
+
+
+def mark_invalid(spin: QSpinBox | QDoubleSpinBox, invalid: bool) -> None:
+    """Tint an invalid field through its palette, not a style sheet: a style-sheet
+    border replaces the native frame and its arrow buttons."""
+    spin.setProperty("invalid", invalid)
+    palette = QPalette()  # resolves nothing: the inherited palette, except what is set here
+    if invalid:
+        palette.setColor(QPalette.Base, INVALID_TINT)
+    for widget in (spin, spin.lineEdit()):  # the line edit inside does not always inherit it
+        widget.setPalette(palette)
 
 
 class ConfigPanel(QWidget):
@@ -24,8 +74,7 @@ class ConfigPanel(QWidget):
         self._filling = False
 
         # dataset
-        self.dataset_path = QLineEdit(objectName="datasetPath", readOnly=True)
-        self.dataset_path.setPlaceholderText("no dataset yet")
+        self.dataset_path = PathLabel("no dataset yet", objectName="datasetPath")
         self.open_button = QPushButton("Open dataset...", objectName="openDatasetButton")
         self.dataset_info = QLabel(" ", objectName="datasetInfo", wordWrap=True)
         data_box = QGroupBox("Dataset")
@@ -136,6 +185,16 @@ class ConfigPanel(QWidget):
             self._filling = False
         self._on_changed()
 
+    def set_dataset_path(self, path: str) -> None:
+        self.dataset_path.set_path(path)
+
+    def num_params(self) -> int | None:
+        """The parameter count of the model the fields describe (None if invalid or no dataset)."""
+        try:
+            return self.model_config().num_params(self._vocab_size) if self._vocab_size else None
+        except ValueError:
+            return None
+
     def set_vocab_size(self, vocab_size: int | None) -> None:
         self._vocab_size = vocab_size
         self._on_changed()
@@ -169,16 +228,14 @@ class ConfigPanel(QWidget):
             model, problem = None, str(exc)
         for name, spin in self.fields.items():  # flag the fields the reason names
             bad = bool(problem) and name in problem
-            spin.setProperty("invalid", bad)
+            mark_invalid(spin, bad)
             spin.setToolTip(problem if bad else "")
-            spin.style().unpolish(spin)
-            spin.style().polish(spin)
         self.error_label.setText(problem)
         self.error_label.setVisible(bool(problem))
         if model is None:
             self.params_label.setText("-")
         elif self._vocab_size:
-            self.params_label.setText(f"{model.num_params(self._vocab_size):,}")
+            self.params_label.setText(f"{self.num_params():,}")
         else:
             self.params_label.setText("(open a dataset)")
         self.changed.emit()

@@ -1,6 +1,16 @@
 """The window's File and Help menus: checkpoints, exports, About, and the
-settings that persist between sessions (QSettings). A mixin of MainWindow."""
+settings that persist between sessions (QSettings). A mixin of MainWindow.
+
+Files are read and written off the GUI thread (gui.background): a checkpoint
+is read and checked before the current run is touched, and every way reading
+it can fail is a message. Exports take the window's own display copy of the
+losses, never the worker's state.
+"""
 from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
 
 import numpy as np
 from PySide6.QtGui import QAction, QKeySequence
@@ -9,6 +19,7 @@ from PySide6.QtWidgets import QFileDialog
 import engine
 
 from . import worker as w
+from .background import BackgroundCall
 from .dialogs import about_html
 
 
@@ -41,6 +52,7 @@ class FileActions:
         action(file_menu, "Export plot as &PNG...", self.export_png, "Ctrl+Shift+E", "exportPngAction")
         file_menu.addSeparator()
         action(file_menu, "&Quit", self.close, standard_keys(QKeySequence.Quit, "Ctrl+Q"), "quitAction")
+        self._build_run_menu()
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "&About microgpt-gui", self.show_about, None, "aboutAction")
 
@@ -60,19 +72,41 @@ class FileActions:
         self.session.worker.request_save(str(path))
 
     def load_checkpoint(self, path: str | None = None) -> None:
+        """Read and check the file off the GUI thread; the current run is ended only
+        once it has proved usable."""
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Load checkpoint", "", "Checkpoints (*.npz);;All files (*)")
+            path = self._ask_open_path("Load checkpoint", "", "Checkpoints (*.npz);;All files (*)")
             if not path:
                 return
-        try:  # read it here so a bad file leaves the current run alone
-            checkpoint = engine.read_checkpoint(path)
-        except engine.CheckpointError as exc:
-            self.show_message("error", "Cannot load this checkpoint", str(exc))
-            return
+        self._checkpoint_read = BackgroundCall("read-checkpoint", engine.read_checkpoint, str(path), parent=self)
+        self._checkpoint_read.done.connect(self._on_checkpoint_read)
+        self._checkpoint_read.failed.connect(self._on_checkpoint_failed)
+        self._checkpoint_read.start()
+        self.statusBar().showMessage(f"Reading checkpoint {Path(path).name}...", 10000)
+
+    def _on_checkpoint_read(self, call: BackgroundCall, checkpoint) -> None:
+        if call is not self._checkpoint_read:
+            return  # superseded by a later load, a Reset or closing
+        self._checkpoint_read = None
         self._start_session(w.RunSpec(self.config_panel.backend_name(), checkpoint=checkpoint, autostart=False))
 
+    def _on_checkpoint_failed(self, call: BackgroundCall, exc: Exception) -> None:
+        if call is not self._checkpoint_read:
+            return
+        path, self._checkpoint_read = call.args[0], None
+        if isinstance(exc, engine.CheckpointError):
+            message = str(exc)
+        elif isinstance(exc, MemoryError):
+            message = f"{path}: not enough memory to read this checkpoint"
+        elif isinstance(exc, OSError):
+            message = f"cannot read {path}: {exc.strerror or exc}"
+        else:  # whatever else a damaged file raises from deep inside
+            message = f"{path} is not a usable checkpoint ({type(exc).__name__}: {exc})"
+        self.show_message("error", "Cannot load this checkpoint", message)
+
     def export_csv(self, path: str | None = None) -> None:
-        losses = self.session.worker.loss_history() if self.session else np.empty(0)
+        """step,loss,smoothed from the plot's own copy; written off the GUI thread (`exported`)."""
+        steps, losses, smoothed = self.loss_plot.data()
         if not len(losses):
             self.show_message("info", "Nothing to export", "There is no loss history yet.")
             return
@@ -80,14 +114,20 @@ class FileActions:
             path, _ = QFileDialog.getSaveFileName(self, "Export loss", "loss.csv", "CSV files (*.csv)")
             if not path:
                 return
-        _, _, smoothed = self.loss_plot.data()
-        n = min(len(losses), len(smoothed))
-        table = np.column_stack([np.arange(n), losses[:n], smoothed[:n]])
-        try:
-            np.savetxt(path, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",",
-                       header=f"step,loss,smoothed_{self.loss_plot.smoothing:.3f}", comments="")
-        except OSError as exc:
-            self.show_message("error", "Export failed", f"could not write {path}: {exc.strerror or exc}")
+        header = f"step,loss,smoothed_{self.loss_plot.smoothing:.3f}"
+        write = BackgroundCall("export-csv", write_csv, str(path), header, steps, losses, smoothed, parent=self)
+        write.done.connect(self._on_csv_written)
+        write.failed.connect(self._on_csv_failed)
+        write.start()
+
+    def _on_csv_written(self, call: BackgroundCall, path: str) -> None:
+        self.statusBar().showMessage(f"Loss exported to {path}", 10000)
+        self.exported.emit(path)
+
+    def _on_csv_failed(self, call: BackgroundCall, exc: Exception) -> None:
+        path = call.args[0]
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        self.show_message("error", "Export failed", f"could not write {path}: {reason}")
 
     def export_png(self, path: str | None = None) -> None:
         if path is None:
@@ -97,7 +137,11 @@ class FileActions:
         if not self.loss_plot.plot.grab().save(str(path), "PNG"):
             self.show_message("error", "Export failed", f"could not write {path}")
 
-    # settings and closing -------------------------------------------------------
+    def _ask_open_path(self, title: str, folder: str, filters: str) -> str:
+        path, _ = QFileDialog.getOpenFileName(self, title, folder, filters)
+        return path
+
+    # settings -------------------------------------------------------------------
     def _restore_settings(self) -> None:
         s = self.settings
         geometry = s.value("geometry")
@@ -122,3 +166,18 @@ class FileActions:
         s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
         s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
         s.sync()
+
+
+def write_csv(path: str, header: str, steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray) -> str:
+    """Write the table beside path, then rename it: a write cut short (the app quit
+    meanwhile) never leaves a truncated CSV under the user's name."""
+    partial = f"{path}.part"
+    table = np.column_stack([steps, losses, smoothed])
+    try:
+        np.savetxt(partial, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",", header=header, comments="")
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+    return path

@@ -104,12 +104,15 @@ class LossPlot(QWidget):
         self.redraws = 0  # counted for the responsiveness probe
         self._vocab_size = 0
 
-        self.plot = pg.PlotWidget(objectName="lossPlot", background="w")
+        self.plot = pg.PlotWidget(background="w")
+        self.plot.setObjectName("lossPlot")  # PlotWidget(objectName=...) would name the inner PlotItem
         item = self.plot.getPlotItem()
         item.setLabel("bottom", "step")
         item.setLabel("left", "loss")
+        # room above the view box, or the top y tick label is drawn half outside the widget
+        item.layout.setContentsMargins(2, 10, 12, 2)
         # no grid: pyqtgraph replays the axes' grid lines on every paint, half its cost
-        item.addLegend(offset=(-10, 10))
+        self.legend = item.addLegend(offset=(-10, 10))
         # one downsampled bin per pixel column (peak keeps each bin's min and max):
         # pyqtgraph's default of 5 costs twice the paint time for no visible gain
         self.raw_curve = item.plot(name="loss", pen=pg.mkPen((165, 190, 232), width=1),
@@ -119,10 +122,12 @@ class LossPlot(QWidget):
         for curve in (self.raw_curve, self.smooth_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
-        self.uniform_line = pg.InfiniteLine(angle=0, movable=False,
-                                            pen=pg.mkPen((200, 60, 60), width=1, style=Qt.DashLine))
+        dashed = pg.mkPen((200, 60, 60), width=1, style=Qt.DashLine)
+        self.uniform_line = pg.InfiniteLine(angle=0, movable=False, pen=dashed)
         self.uniform_line.setVisible(False)
         item.addItem(self.uniform_line, ignoreBounds=True)
+        # the legend draws its samples from data items: an empty curve with the line's pen
+        self.uniform_sample = pg.PlotDataItem(pen=dashed)
         self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
 
         self.smoothing_slider = QSlider(Qt.Horizontal, objectName="smoothingSlider")
@@ -166,7 +171,17 @@ class LossPlot(QWidget):
 
     def clear(self) -> None:
         self.series = GrowingSeries()
+        view = self.plot.getPlotItem().vb
+        view.setRange(xRange=(0, 1), yRange=(0, 1), padding=0, disableAutoRange=False)  # as at start
+        view.enableAutoRange(x=True, y=True)
         self.redraw()
+
+    def follow_run(self, num_steps: int) -> None:
+        """Span the run's whole length on x, so the curve is seen arriving from the left
+        (the y axis keeps fitting the losses; zooming or "A" work as usual)."""
+        view = self.plot.getPlotItem().vb
+        view.enableAutoRange(x=False, y=True)
+        view.setXRange(0, max(num_steps, 1), padding=0.02)
 
     def set_vocab_size(self, vocab_size: int) -> None:
         self._vocab_size = vocab_size
@@ -226,6 +241,7 @@ class LossPlot(QWidget):
         self._place_uniform_line()
 
     def _place_uniform_line(self) -> None:
+        self.legend.removeItem(self.uniform_sample)
         if self._vocab_size < 2:
             self.uniform_line.setVisible(False)
             return
@@ -233,6 +249,10 @@ class LossPlot(QWidget):
         self.uniform_line.setPos(math.log10(level) if self.log_y.isChecked() else level)
         self.uniform_line.setToolTip(f"ln({self._vocab_size}) = {level:.3f}: the loss of guessing uniformly")
         self.uniform_line.setVisible(True)
+        self.legend.addItem(self.uniform_sample, self.uniform_label())
+
+    def uniform_label(self) -> str:
+        return f"uniform guess, ln {self._vocab_size}"
 
     def _on_mouse_moved(self, pos) -> None:
         s = self.series

@@ -1,34 +1,36 @@
 """The main window: settings on the left, the live loss plot and the samples
-on the right, controls, progress and status bar. It starts and ends runs
-(gui.worker.Session) and shows what the worker reports; the run's state
-(step, losses, parameters) stays with the worker's backend.
+on the right, controls, progress and status bar. Runs are started and ended
+by gui.run_control (a mixin); files, menus and settings by gui.file_actions.
+The run's state (step, losses, parameters) stays with the worker's backend;
+the window keeps only what it displays.
 """
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
-import numpy as np
 from PySide6.QtCore import QSettings, Qt, Signal, Slot
-from PySide6.QtGui import QIcon, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
-                               QPushButton, QScrollArea, QSplitter, QVBoxLayout, QWidget)
+from PySide6 import QtGui
+from PySide6.QtGui import QIcon, QTextDocumentFragment
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
+                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 import engine
 
 from . import worker as w
+from .background import BackgroundCall
 from .config_panel import ConfigPanel
 from .dialogs import DefaultDatasetDownload, show_message_box
 from .file_actions import FileActions
 from .loss_plot import LossPlot
+from .run_control import IDLE, STOPPING, RunControl, format_duration
 from .sample_panel import SamplePanel
+from .sessions import Sessions, exit_now, shorten_gil_switch_interval
 
 ORGANIZATION, APPLICATION = "microgpt-gui", "microgpt-gui"
 SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # an .ini path that replaces the user's settings
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
-ACTIVE = (w.RUNNING, w.PAUSED)
-IDLE = ("none", w.DONE, w.FAILED)  # no run going: settings are editable and Train starts one
+STATUS_MS = 15000  # how long a message stays in the status bar
 
 
 def open_settings() -> QSettings:
@@ -36,37 +38,49 @@ def open_settings() -> QSettings:
     return QSettings(path, QSettings.IniFormat) if path else QSettings(ORGANIZATION, APPLICATION)
 
 
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+def plain_text(text: str) -> str:
+    """Rich text (as message boxes take it) as plain text, for the status bar."""
+    return QTextDocumentFragment.fromHtml(text).toPlainText() if QtGui.Qt.mightBeRichText(text) else text
 
 
-class MainWindow(FileActions, QMainWindow):
-    stateChanged = Signal(str)     # the worker's state, or "none" with no run
+def read_corpus(path: str) -> engine.Corpus:
+    """The dataset, with its token arrays built (a Python loop over every document:
+    done here, off the GUI thread, not at the window's first look at it)."""
+    corpus = engine.load_corpus(path)
+    corpus.arrays  # noqa: B018  (a cached property: built once, here)
+    return corpus
+
+
+class MainWindow(RunControl, FileActions, QMainWindow):
+    stateChanged = Signal(str)     # the run's state, "none" with no run, "stopping" while one ends
     datasetChanged = Signal(str)   # path of the dataset now in use
     messageShown = Signal(str, str)  # kind ("error", "warning", "info"), text
+    exported = Signal(str)         # path of a file export_csv wrote
+    closed = Signal()              # the window has closed (after its worker finished)
 
     def __init__(self, data_path: str | os.PathLike | None = None, parent=None):
         super().__init__(parent)
+        shorten_gil_switch_interval()  # datasets are read, runs trained, in other threads
         self.setWindowTitle("microgpt-gui")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.svg")))
         self.corpus: engine.Corpus | None = None
         self.dataset_path: str | None = None
-        self.session: w.Session | None = None
+        self.sessions = Sessions(self)
         self.run_info: w.RunInfo | None = None
         self.state = "none"
         self.messages: list[tuple[str, str, str]] = []  # (kind, title, text), newest last
         self.message_hook = show_message_box             # replaceable, e.g. by tests
-        self._rate: float | None = None
-        self._rate_mark: tuple[float, int] | None = None
+        self.exit_hook = exit_now  # called if a closed window's worker outlasts END_BOUND_S
         self._download: DefaultDatasetDownload | None = None
+        self._dataset_read: BackgroundCall | None = None  # the latest Open dataset, until it reports
 
         self._build_ui()
+        self._init_run_control()
         self._build_menus()
         self.settings = open_settings()
         self._restore_settings()
         self._update_controls()
+        self._update_status()
         if data_path is not None:
             self.open_dataset(str(data_path))
         else:
@@ -78,11 +92,6 @@ class MainWindow(FileActions, QMainWindow):
         self.train_button = QPushButton("Train", objectName="trainButton")
         self.stop_button = QPushButton("Stop", objectName="stopButton")
         self.reset_button = QPushButton("Reset", objectName="resetButton")
-        self.train_button.setShortcut(QKeySequence("F5"))
-        self.stop_button.setShortcut(QKeySequence("Shift+F5"))
-        self.reset_button.setShortcut(QKeySequence("Ctrl+R"))
-        self.stop_button.setToolTip("Stop the run (Shift+F5); you can still sample and save")
-        self.reset_button.setToolTip("Forget the run and clear the plot (Ctrl+R)")
         buttons = QHBoxLayout()
         for button in (self.train_button, self.stop_button, self.reset_button):
             buttons.addWidget(button)
@@ -97,9 +106,6 @@ class MainWindow(FileActions, QMainWindow):
 
         self.loss_plot = LossPlot()
         self.progress_bar = QProgressBar(objectName="progressBar")
-        self.progress_bar.setRange(0, 1)
-        self.progress_bar.setValue(0)
-        self.progress_bar.setFormat("no run")
         self.sample_panel = SamplePanel()
         right = QSplitter(Qt.Vertical)
         top = QWidget()
@@ -116,6 +122,7 @@ class MainWindow(FileActions, QMainWindow):
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
         self.setCentralWidget(splitter)
+        self._reset_progress()
 
         self.status_labels = {key: QLabel(" ", objectName=f"status_{key}")
                               for key in ("backend", "params", "step", "loss", "smoothed")}
@@ -125,43 +132,64 @@ class MainWindow(FileActions, QMainWindow):
         self.config_panel.changed.connect(self._update_controls)
         self.config_panel.changed.connect(self._on_config_changed)
         self.config_panel.openDatasetRequested.connect(self.open_dataset)
-        self.train_button.clicked.connect(self.train_or_pause)
-        self.stop_button.clicked.connect(self.stop)
-        self.reset_button.clicked.connect(self.reset)
-        self.sample_panel.sampleRequested.connect(self.request_samples)
         self.loss_plot.smoothingChanged.connect(self._update_status)
         self.loss_plot.redrawn.connect(self._on_redrawn)
 
     # messages ---------------------------------------------------------------
-    def show_message(self, kind: str, title: str, text: str, details: str = "") -> None:
+    def show_message(self, kind: str, title: str, text: str, details: str = "", status: str = "") -> None:
+        """A message box (through message_hook) and a plain-text line in the status bar
+        (`status`, or the text's first line)."""
         self.messages.append((kind, title, text))
-        self.statusBar().showMessage(text.splitlines()[0] if text else "", 15000)
+        lines = [line for line in plain_text(status or text).splitlines() if line.strip()]
+        self.statusBar().showMessage(lines[0] if lines else "", STATUS_MS)
         if self.message_hook is not None:
             self.message_hook(self, kind, title, text, details)
         self.messageShown.emit(kind, text)
 
     # dataset ----------------------------------------------------------------
     def open_dataset(self, path: str | None = None) -> bool:
+        """Start reading a dataset (off the GUI thread); True when a read started.
+        datasetChanged follows when it is in use, or an error message."""
         if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Open dataset", self.dataset_path or "",
-                                                  "Text files (*.txt);;All files (*)")
+            path = self._ask_open_path("Open dataset", self.dataset_path or "", "Text files (*.txt);;All files (*)")
             if not path:
                 return False
-        try:
-            corpus = engine.load_corpus(path)
-        except engine.DatasetError as exc:
-            self.show_message("error", "Cannot use this dataset", str(exc))
-            return False
-        self.reset()
-        self.corpus, self.dataset_path = corpus, str(path)
-        self.config_panel.dataset_path.setText(str(path))
+        path = str(path)
+        self._dataset_read = BackgroundCall("read-dataset", read_corpus, path, parent=self)
+        self._dataset_read.done.connect(self._on_dataset_read)
+        self._dataset_read.failed.connect(self._on_dataset_failed)
+        self._dataset_read.start()
+        self.config_panel.dataset_info.setText(f"Reading {Path(path).name}...")
+        self._update_controls()
+        return True
+
+    @property
+    def reading_dataset(self) -> bool:
+        return self._dataset_read is not None
+
+    def _on_dataset_read(self, call: BackgroundCall, corpus: engine.Corpus) -> None:
+        if call is not self._dataset_read:
+            return  # a later Open dataset superseded this one
+        path, self._dataset_read = call.args[0], None
+        self.reset()  # a run belongs to its dataset
+        self.corpus, self.dataset_path = corpus, path
+        self.config_panel.set_dataset_path(path)
         self._show_dataset_info()
         self.config_panel.set_vocab_size(corpus.vocab_size)
         self.loss_plot.set_vocab_size(corpus.vocab_size)
         self.statusBar().showMessage(f"Dataset {Path(path).name}: {len(corpus):,} documents", 10000)
         self._update_controls()
-        self.datasetChanged.emit(str(path))
-        return True
+        self._update_status()
+        self.datasetChanged.emit(path)
+
+    def _on_dataset_failed(self, call: BackgroundCall, exc: Exception) -> None:
+        if call is not self._dataset_read:
+            return
+        path, self._dataset_read = call.args[0], None
+        message = str(exc) if isinstance(exc, engine.DatasetError) else f"cannot read {path}: {exc}"
+        self._show_dataset_info()
+        self._update_controls()
+        self.show_message("error", "Cannot use this dataset", message)
 
     def _show_dataset_info(self, info: w.RunInfo | None = None) -> None:
         if info is not None:
@@ -179,8 +207,9 @@ class MainWindow(FileActions, QMainWindow):
         self.config_panel.dataset_info.setText(text)
 
     def _on_config_changed(self) -> None:
-        if self.session is None:  # a run shows its own dataset (perhaps a checkpoint's)
+        if self.session is None and self._dataset_read is None:  # a run shows its own dataset
             self._show_dataset_info()
+        self._update_status()
 
     def _start_default_dataset(self) -> None:
         saved = str(self.settings.value("dataset", "") or "")
@@ -206,181 +235,34 @@ class MainWindow(FileActions, QMainWindow):
     @Slot(str)
     def _on_download_done(self, path: str) -> None:
         self._reset_progress()
-        if self.corpus is None:  # the user may have opened another file meanwhile
+        if self.corpus is None and self._dataset_read is None:  # the user may have opened another file
             self.open_dataset(path)
 
     @Slot(str)
     def _on_download_failed(self, message: str) -> None:
         self._reset_progress()
-        if self.corpus is None:
+        if self.corpus is None and self._dataset_read is None:
+            # the whole reason goes in the Dataset box: the status bar has room for one short line
             self.config_panel.dataset_info.setText(
-                "The default dataset could not be downloaded. Use <b>Open dataset...</b> "
-                "to train on a text file of your own (one name per line).")
-            self.show_message("warning", "No dataset", message)
-
-    # runs -------------------------------------------------------------------
-    def train_or_pause(self) -> None:
-        """Train starts a run; while it runs the same button pauses and resumes."""
-        if self.state == w.RUNNING:
-            self.session.worker.pause()
-        elif self.state in (w.PAUSED, w.READY):
-            self.session.worker.resume()
-        elif self.state in ("none", w.DONE, w.FAILED, w.CLOSED):
-            self.start_run()
-
-    def start_run(self) -> bool:
-        problem = self._train_problem()
-        if problem:
-            self.show_message("warning", "Cannot train", problem)
-            return False
-        cp = self.config_panel
-        spec = w.RunSpec(cp.backend_name(), self.corpus, cp.model_config(), cp.train_config())
-        self._start_session(spec)
-        return True
-
-    def _start_session(self, spec: w.RunSpec) -> None:
-        self._end_session()
-        self.loss_plot.clear()
-        self.sample_panel.clear()
-        self.session = w.Session(spec)
-        worker = self.session.worker
-        worker.opened.connect(self._on_opened)
-        worker.losses.connect(self._on_losses)
-        worker.samples.connect(self._on_samples)
-        worker.saved.connect(self._on_saved)
-        worker.stateChanged.connect(self._on_state)
-        worker.status.connect(self._on_status)
-        worker.error.connect(self._on_error)
-        self._set_state(w.OPENING)
-        self.session.start()
-
-    def stop(self) -> None:
-        if self.session is not None:
-            self.session.worker.stop()
-
-    def reset(self) -> None:
-        self._end_session()
-        self.run_info = None
-        self.loss_plot.clear()
-        self.sample_panel.clear()
-        self._show_dataset_info()
-        self._reset_progress()
-        self._set_state("none")
-
-    def _end_session(self) -> None:
-        if self.session is not None:
-            session, self.session = self.session, None
-            if not session.shutdown():
-                self.show_message("warning", "Still busy", "the training thread did not end in time")
-
-    def request_samples(self, num_samples: int, temperature: float, seed: int) -> None:
-        if self.session is None or self.state not in w.HAS_MODEL:
-            self.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
-            return
-        self.session.worker.request_samples(num_samples, temperature, seed)
-
-    def _train_problem(self) -> str:
-        if self.corpus is None:
-            return "open a dataset first (File > Open dataset...)"
-        return self.config_panel.problem()
-
-    def _is_current(self) -> bool:
-        """Signals queued by a worker that has since been replaced are ignored."""
-        return self.session is not None and self.sender() is self.session.worker
-
-    # worker reports -----------------------------------------------------------
-    @Slot(object)
-    def _on_opened(self, info: w.RunInfo) -> None:
-        if not self._is_current():
-            return
-        self.run_info = info
-        self.config_panel.set_configs(info.model, info.train)
-        self.config_panel.select_backend(info.backend)
-        self.loss_plot.set_vocab_size(info.vocab_size)
-        self._show_dataset_info(info if self.session.worker.spec.checkpoint else None)
-        self.progress_bar.setRange(0, info.train.num_steps)
-        self.progress_bar.setValue(info.step)
-        self._update_status()
-
-    @Slot(object, int)
-    def _on_losses(self, losses: np.ndarray, first_step: int) -> None:
-        if not self._is_current():
-            return
-        self.loss_plot.append(losses, first_step)  # progress and status follow its redraw
-        step, now = first_step + len(losses), time.monotonic()
-        if self._rate_mark is not None and now > self._rate_mark[0] and step > self._rate_mark[1]:
-            rate = (step - self._rate_mark[1]) / (now - self._rate_mark[0])
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
-        if self.state == w.RUNNING:
-            self._rate_mark = (now, step)
-
-    def _on_redrawn(self) -> None:
-        if self.run_info is not None and self.state != w.OPENING:
-            self.progress_bar.setValue(self.loss_plot.series.n)
-            self._update_progress_text()
-        self._update_status()
-
-    @Slot(list, int)
-    def _on_samples(self, names: list, step: int) -> None:
-        if self._is_current():
-            self.sample_panel.show_samples(names, step)
-
-    @Slot(str)
-    def _on_saved(self, path: str) -> None:
-        if self._is_current():
-            self.statusBar().showMessage(f"Checkpoint saved to {path}", 10000)
-
-    @Slot(str)
-    def _on_status(self, text: str) -> None:
-        if self._is_current():
-            self.statusBar().showMessage(text, 10000)
-            if self.state == w.OPENING:
-                self.progress_bar.setRange(0, 0)
-                self.progress_bar.setFormat(text)
-
-    @Slot(str, str)
-    def _on_error(self, message: str, details: str) -> None:
-        if self._is_current():
-            self.show_message("error", "microgpt-gui", message, details)
-
-    @Slot(str)
-    def _on_state(self, state: str) -> None:
-        if self._is_current() and state != w.CLOSED:
-            self._set_state(state)
-
-    def _set_state(self, state: str) -> None:
-        self.state = state
-        if state != w.RUNNING:
-            self.loss_plot.flush()
-        if state == w.RUNNING:
-            self._rate_mark = (time.monotonic(), self.progress_bar.value())
-        if state == w.FAILED:
-            self._reset_progress()
-        self._update_progress_text()
-        self._update_controls()
-        messages = {w.RUNNING: "Training...", w.PAUSED: "Paused", w.READY: "Ready to resume training",
-                    w.DONE: "Run ended: you can sample, save a checkpoint, or train again"}
-        if state in messages:
-            self.statusBar().showMessage(messages[state], 0 if state != w.RUNNING else 5000)
-        self.stateChanged.emit(state)
+                f"The default dataset (names.txt) could not be downloaded: {message}\n"
+                "Use Open dataset... to train on a text file of your own (one name per line).")
+            self.show_message("warning", "No dataset", message,
+                              status="No dataset: the download failed (see the Dataset box); "
+                                     "use File > Open dataset...")
 
     # display ----------------------------------------------------------------
     def _update_controls(self) -> None:
         state, problem = self.state, self._train_problem()
-        labels = {w.RUNNING: "Pause", w.PAUSED: "Resume", w.READY: "Resume", w.OPENING: "Opening..."}
-        self.train_button.setText(labels.get(state, "Train"))
-        can_start = state in IDLE and not problem
-        self.train_button.setEnabled(state in (w.RUNNING, w.PAUSED, w.READY) or can_start)
-        self.train_button.setToolTip(problem if state in IDLE and problem
-                                     else "Start, pause or resume training (F5)")
-        self.stop_button.setEnabled(state in ACTIVE)
-        self.reset_button.setEnabled(self.session is not None or self.loss_plot.series.n > 0)
+        self._update_run_actions(state, problem)
         has_model = state in w.HAS_MODEL
-        self.sample_panel.sample_button.setEnabled(has_model)
         self.save_action.setEnabled(has_model)
-        self.config_panel.set_editable(state in IDLE)
+        self.config_panel.set_editable(state in IDLE or state == STOPPING)
 
     def _update_progress_text(self) -> None:
+        if self.state == STOPPING:
+            waiting = self.sessions.waiting_for()
+            self.progress_bar.setFormat("stopping…" + (f" (waiting for: {waiting})" if waiting else ""))
+            return
         if self.run_info is None or self.state == w.OPENING:
             return
         step, total = self.progress_bar.value(), self.progress_bar.maximum()
@@ -401,14 +283,10 @@ class MainWindow(FileActions, QMainWindow):
     def _update_status(self, *_) -> None:
         info, labels = self.run_info, self.status_labels
         labels["backend"].setText(f"Backend: {info.backend if info else self.config_panel.backend_name()}")
-        labels["params"].setText(f"Params: {info.num_params:,}" if info else "Params: -")
+        params = info.num_params if info else self.config_panel.num_params()
+        labels["params"].setText(f"Params: {params:,}" if params else "Params: -")
         total = info.train.num_steps if info else 0
         labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {total:,}" if info else "Step -")
         last = self.loss_plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")
         labels["smoothed"].setText(f"Smoothed {last[1]:.4f}" if last else "Smoothed -")
-
-    def closeEvent(self, event) -> None:
-        self.save_settings()
-        self._end_session()
-        super().closeEvent(event)

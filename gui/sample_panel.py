@@ -10,7 +10,10 @@ TEMPERATURE_SCALE = 10  # slider ticks per unit: 1..20 is 0.1..2.0
 
 
 class SamplePanel(QGroupBox):
-    """Asks for samples (sampleRequested) and shows the names it is given."""
+    """Asks for samples (sampleRequested) and shows the names it is given.
+
+    The Sample button is the window's to connect (it mirrors the Run menu's
+    Sample action, which owns Ctrl+G); `request` is what it does."""
 
     sampleRequested = Signal(int, float, int)  # number, temperature, seed
 
@@ -25,8 +28,6 @@ class SamplePanel(QGroupBox):
         self.seed_spin = QSpinBox(objectName="sampleSeedSpin", minimum=0, maximum=2**31 - 1, value=0)
         self.seed_spin.setToolTip("Random seed of the sampler; it moves on by one after each Sample")
         self.sample_button = QPushButton("Sample", objectName="sampleButton")
-        self.sample_button.setToolTip("Generate names from the current parameters (Ctrl+G)")
-        self.sample_button.setShortcut(QKeySequence("Ctrl+G"))
         self.copy_button = QPushButton("Copy", objectName="copyButton")
         self.copy_button.setToolTip("Copy the selected names (all if none is selected)")
         self.samples_list = QListWidget(objectName="samplesList")
@@ -66,7 +67,6 @@ class SamplePanel(QGroupBox):
         self.temperature_slider.setMinimumWidth(120)
 
         self.temperature_slider.valueChanged.connect(self._show_temperature)
-        self.sample_button.clicked.connect(self._request)
         self.copy_button.clicked.connect(self.copy_to_clipboard)
         self._show_temperature(self.temperature_slider.value())
 
@@ -80,7 +80,8 @@ class SamplePanel(QGroupBox):
     def _show_temperature(self, value: int) -> None:
         self.temperature_label.setText(f"{value / TEMPERATURE_SCALE:.1f}")
 
-    def _request(self) -> None:
+    def request(self) -> None:
+        """Emit sampleRequested with the current values; the seed then moves on by one."""
         seed = self.seed_spin.value()
         self.sampleRequested.emit(self.count_spin.value(), self.temperature, seed)
         self.seed_spin.setValue(seed + 1 if seed < self.seed_spin.maximum() else 0)

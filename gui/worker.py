@@ -4,28 +4,28 @@ signals. No widget is touched from here.
 
 The backend is created, used and closed in the worker's thread only (Futhark
 contexts are not thread-safe). The GUI talks to the worker through a command
-queue that the worker reads between chunks, so a command waits at most one
-chunk (about TARGET_CHUNK_S). The step and the loss history stay with the
-backend; `step` and `loss_history()` read them under a lock.
+queue that the worker reads between calls, and two flags it may set at any
+time: `interrupt` (Stop or an ending: a sample in progress is cancelled) and
+`ending` (close the backend and finish; queued requests are dropped). So the
+GUI never waits for the worker: a command takes effect after the current
+call, which is a chunk of about TARGET_CHUNK_S, one step of a large model, or
+an opening or a save that cannot be cut short. `call` names the call the
+worker is inside, for the window to show while it waits. The GUI reads no
+backend state: `step` and `loss_history()` are lock-free snapshots.
 """
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 import engine
 
 TARGET_CHUNK_S = 0.05  # each backend.train(k) call should take about this long
-# While the worker computes in Python, the GUI thread waits for the GIL at each of
-# its many short Qt calls, up to one switch interval (5 ms by default) every time;
-# a shorter interval keeps the event loop's stalls small.
-GIL_SWITCH_INTERVAL_S = 0.0005
 MAX_STEPS_PER_CHUNK = 4096
 
 # worker states (stateChanged carries one of these)
@@ -66,21 +66,25 @@ class TrainingWorker(QObject):
     saved = Signal(str)              # checkpoint path
     stateChanged = Signal(str)
     status = Signal(str)
-    compiling = Signal(str)          # backend name: opening it may compile kernels
     error = Signal(str, str)         # message, details (e.g. a compiler log)
-    finished = Signal()              # the backend is closed; the thread may end
+    finished = Signal()              # the backend is closed; the thread ends next
 
     def __init__(self, spec: RunSpec):
         super().__init__()
         self.spec = spec
         self.backend: engine.Backend | None = None
         self.state = OPENING
+        self.call = ""  # the long call the worker is inside ("" between calls)
+        self.step = 0   # steps trained so far, as of the last finished call
+        self.train_seconds = 0.0  # time spent inside train() calls (for the end-of-run summary)
         self._commands: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
+        self._interrupt = threading.Event()  # Stop or ending: cancel a sample in progress
+        self._ending = threading.Event()     # close the backend and finish
+        self._serve_saves = True             # when ending: still write queued checkpoints
         self._k = 1
         self._seconds_per_step: float | None = None
 
-    # called from the GUI thread ---------------------------------------------
+    # called from the GUI thread (never waits) ---------------------------------
     def pause(self) -> None:
         self._commands.put(("pause",))
 
@@ -89,11 +93,16 @@ class TrainingWorker(QObject):
 
     def stop(self) -> None:
         """End the training run; the model stays open for sampling and saving."""
+        self._interrupt.set()
         self._commands.put(("stop",))
 
-    def quit(self) -> None:
-        """End the run and the worker: close the backend and return from run()."""
-        self._commands.put(("quit",))
+    def end(self, serve_saves: bool = True) -> None:
+        """End the worker: cancel a sample in progress, drop queued requests (but
+        write queued checkpoints when serve_saves), close the backend, finish."""
+        self._serve_saves = serve_saves
+        self._ending.set()
+        self._interrupt.set()
+        self._commands.put(("end",))  # wakes a worker waiting for commands
 
     def request_samples(self, num_samples: int, temperature: float, seed: int) -> None:
         self._commands.put(("sample", num_samples, temperature, seed))
@@ -101,17 +110,11 @@ class TrainingWorker(QObject):
     def request_save(self, path: str) -> None:
         self._commands.put(("save", path))
 
-    @property
-    def step(self) -> int:
-        with self._lock:
-            return self.backend.step if self.backend is not None else 0
-
     def loss_history(self) -> np.ndarray:
-        """The backend's loss history (a copy), read between chunks."""
-        with self._lock:
-            if self.backend is None:
-                return np.empty(0, dtype=np.float32)
-            return self.backend.loss_history
+        """A copy of the backend's loss history, taken without waiting for the worker
+        (empty once the worker has ended)."""
+        backend = self.backend
+        return backend.loss_history if backend is not None else np.empty(0, dtype=np.float32)
 
     @property
     def steps_per_chunk(self) -> int:
@@ -121,48 +124,63 @@ class TrainingWorker(QObject):
     @Slot()
     def run(self) -> None:
         try:
-            self.backend = self._open()
-        except Exception as exc:  # compile failure, bad checkpoint, out of memory...
-            self._set_state(FAILED)
-            self.error.emit(_message(exc), getattr(exc, "log", "") or "")
-            self.finished.emit()
-            return
-        b = self.backend
-        self.opened.emit(RunInfo(b.name, b.model, b.train_config, b.num_params,
-                                 b.corpus.vocab_size, len(b.corpus), b.step))
-        if b.step:
-            self.losses.emit(self.loss_history(), 0)
-        self._set_state(DONE if b.finished else RUNNING if self.spec.autostart else READY)
-        try:
-            self._loop()
+            self._run()
         finally:
-            with self._lock:
-                try:
-                    b.close()
-                except Exception:  # closing must not stop the thread from ending
-                    pass
+            self.call = ""
             self._set_state(CLOSED)
             self.finished.emit()
 
+    def _run(self) -> None:
+        try:
+            self.backend = self._open()
+        except Exception as exc:  # compile failure, bad checkpoint, out of memory...
+            if not self._ending.is_set():
+                self._set_state(FAILED)
+                self.error.emit(_message(exc), getattr(exc, "log", "") or "")
+            return
+        b = self.backend
+        try:
+            if self._ending.is_set():  # ended while it was opening: nobody waits for it
+                return
+            self.step = b.step
+            self.opened.emit(RunInfo(b.name, b.model, b.train_config, b.num_params,
+                                     b.corpus.vocab_size, len(b.corpus), b.step))
+            if b.step:
+                self.losses.emit(self.loss_history(), 0)
+            self._set_state(DONE if b.finished else RUNNING if self.spec.autostart else READY)
+            self._loop()
+            if self._serve_saves:
+                self._write_queued_saves()
+        finally:
+            self.call = "closing the backend"
+            try:
+                b.close()
+            except Exception:  # closing must not stop the thread from ending
+                pass
+            self.backend = None  # its memory goes now, not when the window lets go of this worker
+
     def _open(self) -> engine.Backend:
         spec = self.spec
-        self.compiling.emit(spec.backend)
+        self.call = f"opening the {spec.backend} backend"
         self.status.emit(f"Opening backend {spec.backend} (a compiled backend builds its kernels "
                          "on first use; that can take a while)...")
-        if spec.checkpoint is not None:
-            return engine.load_checkpoint(spec.checkpoint, backend=spec.backend)
-        return engine.open_backend(spec.backend, spec.model, spec.train, spec.corpus)
+        try:
+            if spec.checkpoint is not None:
+                return engine.load_checkpoint(spec.checkpoint, backend=spec.backend)
+            return engine.open_backend(spec.backend, spec.model, spec.train, spec.corpus)
+        finally:
+            self.call = ""
 
     def _loop(self) -> None:
-        while True:
+        while not self._ending.is_set():
             try:
                 command = (self._commands.get_nowait() if self.state == RUNNING
                            else self._commands.get())
             except queue.Empty:
                 command = None
+            if self._ending.is_set():
+                return
             if command is not None:
-                if command[0] == "quit":
-                    return
                 self._handle(command)
             elif self.state == RUNNING:
                 self._train_chunk()
@@ -175,32 +193,59 @@ class TrainingWorker(QObject):
         elif name == "resume" and self.state in (PAUSED, READY):
             self._seconds_per_step = None  # re-measure: the machine may have changed
             self._set_state(RUNNING)
-        elif name == "stop" and self.state in (RUNNING, PAUSED, READY):
-            self._set_state(DONE)
+        elif name == "stop":
+            if self.state in (RUNNING, PAUSED, READY):
+                self._set_state(DONE)
+            self._interrupt.clear()
         elif name == "sample":
-            _, n, temperature, seed = command
-            try:
-                with self._lock:
-                    names, step = self.backend.sample(n, temperature, seed), self.backend.step
-                self.samples.emit(names, step)
-            except Exception as exc:
-                self.error.emit(f"sampling failed: {_message(exc)}", "")
+            self._sample(*command[1:])
         elif name == "save":
+            self._save(command[1])
+
+    def _sample(self, num_samples: int, temperature: float, seed: int) -> None:
+        self.call = f"sampling {num_samples} names"
+        try:
+            names = self.backend.sample(num_samples, temperature, seed, cancel=self._interrupt.is_set)
+        except engine.Cancelled:
+            self.status.emit("Sampling cancelled")
+            return
+        except Exception as exc:
+            self.error.emit(f"sampling failed: {_message(exc)}", "")
+            return
+        finally:
+            self.call = ""
+        self.samples.emit(names, self.backend.step)
+
+    def _save(self, path: str) -> None:
+        self.call = "saving the checkpoint"
+        try:
+            engine.save_checkpoint(path, self.backend)
+        except Exception as exc:
+            self.error.emit(f"could not save the checkpoint {path}: {_message(exc)}", "")
+            return
+        finally:
+            self.call = ""
+        self.saved.emit(str(path))
+
+    def _write_queued_saves(self) -> None:
+        """Ending: checkpoints the user asked for are still written; the rest is dropped."""
+        while True:
             try:
-                with self._lock:
-                    engine.save_checkpoint(command[1], self.backend)
-                self.saved.emit(str(command[1]))
-            except Exception as exc:
-                self.error.emit(f"could not save the checkpoint {command[1]}: {_message(exc)}", "")
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "save":
+                self._save(command[1])
 
     def _train_chunk(self) -> None:
         backend = self.backend
         first = backend.step
+        self.call = f"training (step {first + 1:,}, {self._k:,} per call)"
         started = time.perf_counter()
         try:
-            with self._lock:
-                losses = backend.train(self._k)
+            losses = backend.train(self._k)
         except engine.TrainingDiverged as exc:
+            self.step = backend.step
             self.losses.emit(self.loss_history()[first:], first)
             self._set_state(DONE)
             self.error.emit(str(exc), "")
@@ -213,7 +258,11 @@ class TrainingWorker(QObject):
             self._set_state(DONE)
             self.error.emit(f"training failed: {_message(exc)}", getattr(exc, "log", "") or "")
             return
+        finally:
+            self.call = ""
         elapsed = time.perf_counter() - started
+        self.train_seconds += elapsed
+        self.step = backend.step
         if len(losses):
             self.losses.emit(losses, first)
             self._adapt_chunk(elapsed / len(losses))
@@ -236,25 +285,3 @@ class TrainingWorker(QObject):
 
 def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-class Session:
-    """One run: a TrainingWorker moved to its own QThread, and its clean shutdown."""
-
-    def __init__(self, spec: RunSpec):
-        self.worker = TrainingWorker(spec)
-        self.thread = QThread()
-        self.thread.setObjectName("training")
-        self.worker.moveToThread(self.thread)
-        self.thread.started.connect(self.worker.run)
-        self.worker.finished.connect(self.thread.quit)
-
-    def start(self) -> None:
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-        self.thread.start()
-
-    def shutdown(self, timeout_ms: int = 30000) -> bool:
-        """Stop the worker and join its thread; True when the thread has ended."""
-        self.worker.quit()
-        self.thread.quit()
-        return self.thread.wait(timeout_ms)

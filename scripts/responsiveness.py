@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or str(ROOT.parent / "shared" / "data" / "names.txt")
+DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or next(
+    (str(p) for p in (d / "shared" / "data" / "names.txt" for d in ROOT.parents) if p.is_file()),
+    str(ROOT.parent / "shared" / "data" / "names.txt"))  # ../shared, or beside a folder of worktrees
 TICK_MS = 10
 
 
@@ -47,6 +49,9 @@ def main() -> int:
     window.message_hook = None
     window.resize(1180, 720)
     window.show()
+    while window.reading_dataset:  # read off the GUI thread
+        app.processEvents(QEventLoop.AllEvents, 5)
+        time.sleep(0.001)
     if window.corpus is None or not window.config_panel.select_backend(args.backend):
         print("cannot start: " + (window.messages[-1][2] if window.messages else f"no backend {args.backend}"))
         return 1
@@ -65,6 +70,7 @@ def main() -> int:
         loop.exec()
 
     def start(preset: str) -> None:
+        wait_for(lambda: window.state in ("none", "done"))  # a run ended just before has finished
         window.config_panel.preset_combo.setCurrentText(preset)
         window.config_panel.steps_spin.setValue(10_000_000)
         window.start_run()
@@ -111,6 +117,7 @@ def main() -> int:
         print(f"{preset:8} {rate:8.0f} {k:8d} {updates:15.1f} {max(lateness):13.1f} {p99(lateness):13.1f} "
               f"{max(stops):12.0f} (n={len(stops)})", flush=True)
         window.reset()
+        wait_for(lambda: window.state == "none")
     window.close()
     return 0
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or str(ROOT.parent / "shared" / "data" / "names.txt")
+DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or next(
+    (str(p) for p in (d / "shared" / "data" / "names.txt" for d in ROOT.parents) if p.is_file()),
+    str(ROOT.parent / "shared" / "data" / "names.txt"))  # ../shared, or beside a folder of worktrees
 
 
 def main() -> int:
@@ -38,9 +40,6 @@ def main() -> int:
     app.setStyleSheet((RESOURCES / "style.qss").read_text(encoding="utf-8"))
     window = MainWindow(data_path=args.data)
     window.message_hook = None
-    if window.corpus is None:
-        print(f"screenshot: cannot open {args.data}: {window.messages[-1][2]}", file=sys.stderr)
-        return 1
     width, height = (int(v) for v in args.size.split("x"))
     window.resize(width, height)
     window.config_panel.steps_spin.setValue(args.steps)
@@ -66,9 +65,15 @@ def main() -> int:
         print(f"screenshot: {out} ({out.stat().st_size // 1024} KiB) after {window.loss_plot.series.n} steps")
         app.exit(0)
 
+    def on_message(kind: str, text: str) -> None:
+        if window.corpus is None:  # the dataset could not be read
+            print(f"screenshot: cannot open {args.data}: {text}", file=sys.stderr)
+            app.exit(1)
+
     window.stateChanged.connect(on_state)
+    window.messageShown.connect(on_message)
     window.sample_panel.samples_list.model().rowsInserted.connect(on_samples)
-    QTimer.singleShot(0, lambda: window.start_run() or app.exit(1))
+    window.datasetChanged.connect(lambda _: window.start_run() or app.exit(1))
     status = app.exec()
     window.close()
     return status

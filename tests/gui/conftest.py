@@ -9,6 +9,8 @@ from gui._refcount_guard import make_singletons_immortal
 
 make_singletons_immortal()  # before pytest-qt's first Qt call (PySide6 6.12 on Python 3.11)
 
+WAIT_MS = 60_000
+
 
 @pytest.fixture(autouse=True)
 def isolated_settings(tmp_path, monkeypatch):
@@ -18,21 +20,35 @@ def isolated_settings(tmp_path, monkeypatch):
     return path
 
 
+def wait_dataset(qtbot, window):
+    """The dataset is read off the GUI thread: wait until that read has reported."""
+    qtbot.waitUntil(lambda: not window.reading_dataset, timeout=WAIT_MS)
+
+
 @pytest.fixture
 def make_window(qtbot):
-    """Build MainWindows that record messages instead of showing boxes; closed at the end."""
+    """Build MainWindows that record messages instead of showing boxes, with their
+    dataset read. At the end (before pytest-qt deletes them) each is closed, and
+    its close must complete: every training thread finished, no forced exit."""
     from gui import MainWindow
+    from gui.sessions import running_sessions
 
-    windows = []
+    gave_up = []
 
-    def make(data_path=None):
+    def close_and_wait(window):
+        window.close()
+        qtbot.waitUntil(lambda: not window.sessions.busy_ending and not running_sessions(), timeout=WAIT_MS)
+        assert not window.isVisible()
+        assert not gave_up, gave_up
+
+    def make(data_path=None, wait=True):
         window = MainWindow(data_path=data_path)
         window.message_hook = None
-        qtbot.addWidget(window)
+        window.exit_hook = gave_up.append  # never os._exit the test process
+        qtbot.addWidget(window, before_close_func=close_and_wait)
         window.show()
-        windows.append(window)
+        if wait:
+            wait_dataset(qtbot, window)
         return window
 
-    yield make
-    for window in windows:
-        window.close()
+    return make

@@ -157,8 +157,9 @@ def test_reset_clears_the_run(make_window, names_path, qtbot):
     qtbot.waitUntil(lambda: widget(window, QListWidget, "samplesList").count() > 0, timeout=TIMEOUT_MS)
     thread = window.session.thread
     click(qtbot, window, "resetButton")
+    assert window.session is None
+    wait_state(qtbot, window, "none")  # once the worker has finished
     assert thread.isFinished()
-    assert window.session is None and window.state == "none"
     assert window.loss_plot.series.n == 0 and len(curve(window)[1]) == 0
     assert widget(window, QListWidget, "samplesList").count() == 0
     assert widget(window, QProgressBar, "progressBar").value() == 0
@@ -167,15 +168,17 @@ def test_reset_clears_the_run(make_window, names_path, qtbot):
     assert widget(window, QPushButton, "trainButton").isEnabled()
 
 
-def test_close_mid_run_joins_the_thread(make_window, names_path, qtbot):
+def test_close_mid_run_ends_the_thread_then_closes(make_window, names_path, qtbot):
     window = make_window(names_path)
     set_steps(window, 100_000)
     click(qtbot, window, "trainButton")
     wait_steps(qtbot, window)
     thread = window.session.thread
     assert thread.isRunning()
-    assert window.close()
-    assert thread.isFinished() and window.session is None
+    with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):  # the close completes once the worker ends
+        window.close()
+        assert not window.isVisible() and window.session is None  # hidden at once
+    assert thread.isFinished()
 
 
 def test_invalid_config_blocks_train_with_the_reason(make_window, names_path, qtbot):
@@ -259,16 +262,23 @@ def test_checkpoint_save_then_load_resumes_curve_and_step(make_window, names_pat
     np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 300))
 
 
+def wait_message(qtbot, window, count):
+    """Wait for the window's count-th message (files are read off the GUI thread)."""
+    qtbot.waitUntil(lambda: len(window.messages) >= count, timeout=TIMEOUT_MS)
+    return window.messages[count - 1]
+
+
 def test_bad_files_give_messages_and_change_nothing(make_window, names_path, qtbot, tmp_path):
     window = make_window(names_path)
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"not a checkpoint")
     window.load_checkpoint(str(corrupt))
-    assert window.messages[-1][0] == "error" and "corrupt" in window.messages[-1][2]
+    kind, _, text = wait_message(qtbot, window, 1)
+    assert kind == "error" and "corrupt" in text
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    assert not window.open_dataset(str(empty))
-    assert "no documents" in window.messages[-1][2]
+    window.open_dataset(str(empty))
+    assert "no documents" in wait_message(qtbot, window, 2)[2]
     assert window.dataset_path == str(names_path) and window.state == "none"
     train_to_end(qtbot, window, 10)
 
@@ -277,7 +287,8 @@ def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path
     window = make_window(names_path)
     train_to_end(qtbot, window, 40)
     path = tmp_path / "loss.csv"
-    window.export_csv(str(path))
+    with qtbot.waitSignal(window.exported, timeout=TIMEOUT_MS):
+        window.export_csv(str(path))
     table = np.loadtxt(path, delimiter=",", skiprows=1)
     np.testing.assert_array_equal(table[:, 0], np.arange(40))
     np.testing.assert_allclose(table[:, 1], window.session.worker.loss_history(), atol=1e-6)

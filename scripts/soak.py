@@ -1,0 +1,448 @@
+"""Random-click soak of the window: a seeded sequence of user actions (keys,
+buttons, presets, fields, sliders, checkpoints, exports, datasets, closing and
+reopening), with the work made slow by tests/gui/slow_backend.SlowBackend so
+that Reset, close and load land while the worker is opening a model or
+sampling. It checks what issue 13 asks:
+
+  no event-loop stall over --max-stall-ms on the GUI thread (a 10 ms QTimer probe),
+    less the time the process waited for a CPU (tests/gui/latency_probe.py)
+  no Python exception in a slot, no Qt warning, no abort (run it as a process: abort = signal)
+  every training thread finished at the end, every closed window really closed
+
+    python scripts/soak.py [--seed 1] [--actions 300 | --minutes 30] [--json report.json]
+
+Exit status 0 when every check holds, 1 otherwise. Offscreen by default.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gui")]
+DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or next(
+    (str(p) for p in (d / "shared" / "data" / "names.txt" for d in ROOT.parents) if p.is_file()),
+    str(ROOT.parent / "shared" / "data" / "names.txt"))  # ../shared, or beside a folder of worktrees
+PRESETS = ["tiny", "tiny", "s32", "s64", "s128", "s128", "s256"]
+MAX_FIFOS = 3  # each FIFO read may leave a daemon thread waiting until the end
+
+
+class Soak:
+    def __init__(self, app, args):
+        from PySide6.QtCore import qInstallMessageHandler
+
+        import slow_backend
+        from gui.main_window import RESOURCES
+        import latency_probe
+
+        self.app, self.args = app, args
+        self.rng = random.Random(args.seed)
+        self.slow = slow_backend
+        self.slow.register(slow_backend.Delays(open_s=1.0, train_s=0.01, sample_s=1.0))
+        app.setStyleSheet((RESOURCES / "style.qss").read_text(encoding="utf-8"))
+        self.folder = Path(tempfile.mkdtemp(prefix="microgpt-soak-"))
+        os.environ["MICROGPT_GUI_SETTINGS"] = str(self.folder / "settings.ini")
+        self.files = self._make_files()
+        self.fifos: list[Path] = []
+        self.probe = latency_probe.LatencyProbe(stacks=args.stacks)
+        self.windows: list = []   # windows not yet closed (a closed one is deleted)
+        self.windows_made = self.windows_closed = 0
+        self.window = None
+        self.counts: Counter = Counter()
+        self.exceptions: list[str] = []
+        self.gave_up: list[str] = []
+        self.done_actions = 0
+        self.log: list[str] = []
+        self.starting = None  # a new window still reading its dataset
+        self.qt_messages: Counter = Counter()
+        qInstallMessageHandler(self._on_qt_message)
+        self.started = time.monotonic()
+        sys.excepthook = self._on_exception  # PySide reports exceptions in slots here
+
+    # set-up -------------------------------------------------------------------
+    def _make_files(self) -> dict[str, Path]:
+        f = self.folder
+        (f / "small.txt").write_text("ann\nbob\ncarla\ndan\neve\n", encoding="utf-8")
+        (f / "empty.txt").write_text("\n\n", encoding="utf-8")
+        (f / "corrupt.npz").write_bytes(b"not a checkpoint")
+        return {"names": Path(self.args.data), "small": f / "small.txt", "empty": f / "empty.txt",
+                "missing": f / "missing.txt", "corrupt": f / "corrupt.npz"}
+
+    def _on_exception(self, kind, value, tb) -> None:
+        self.exceptions.append("".join(traceback.format_exception(kind, value, tb)))
+        sys.__excepthook__(kind, value, tb)
+
+    def new_window(self) -> None:
+        """A new window; the probe and the actions wait until it has its dataset
+        (opening a window is its start-up, not a stall of a window in use)."""
+        from gui.main_window import MainWindow
+
+        self.probe.pause()
+        window = MainWindow(data_path=str(self.files["names"]))
+        window.message_hook = None
+        window.exit_hook = self.gave_up.append
+        window.resize(1180, 720)
+        window.show()
+        window.activateWindow()  # the Run menu's keys need the active window
+        self.windows.append(window)
+        self.windows_made += 1
+        window.closed.connect(lambda: self._on_closed(window))
+        self.window = window
+        self.starting = window
+
+    def _on_closed(self, window) -> None:
+        """A window's close completed (its worker had finished): let it go, and collect
+        its Python garbage here, on the GUI thread (Python's collector runs in whichever
+        thread allocates; Qt objects must not be destroyed from a worker's)."""
+        self.windows.remove(window)
+        self.windows_closed += 1
+        window.deleteLater()
+        self.later(0, self._collect)
+
+    def _collect(self) -> None:
+        self.probe.pause()  # the driver's own work: the app never deletes its window
+        gc.collect()
+        self.probe.resume()
+
+    def _on_qt_message(self, kind, context, message: str) -> None:
+        if "propagateSizeHints" not in message:  # the offscreen platform's notice
+            self.qt_messages[message] += 1
+
+    # the run ------------------------------------------------------------------
+    def start(self) -> None:
+        self.new_window()
+        when(self, lambda: not self.window.reading_dataset, self._begin, patience_s=60)
+
+    def _begin(self) -> None:
+        if self.window.corpus is None:
+            self.exceptions.append(f"cannot open the dataset {self.args.data}: {self.window.messages}")
+            self.finish()
+            return
+        self.step()
+
+    def finished(self) -> bool:
+        if self.args.minutes:
+            return time.monotonic() - self.started > 60 * self.args.minutes
+        return self.done_actions >= self.args.actions
+
+    def step(self) -> None:
+        from PySide6.QtCore import QTimer
+
+        if self.finished():
+            self.finish()
+            return
+        if self.starting is not None:
+            if self.starting.reading_dataset:
+                QTimer.singleShot(20, self.step)
+                return
+            self.starting = None
+            self.probe.resume()
+        name = self.rng.choices(list(ACTIONS), weights=[w for w, _ in ACTIONS.values()])[0]
+        self.probe.label = name
+        self.counts[name] += 1
+        self.log.append(f"{time.monotonic() - self.started:7.2f} {name:26} {self.window.state:9} "
+                        f"{self.window.config_panel.backend_name()} {self.window.config_panel.preset_combo.currentText()}"
+                        f" corpus={self.window.corpus is not None} problem={self.window._train_problem()!r}")
+        self.done_actions += 1
+        try:
+            ACTIONS[name][1](self)
+        except Exception:  # a driver bug, or a public method raising: both are failures
+            self.exceptions.append(f"action {name}:\n{traceback.format_exc()}")
+        pause_ms = self.rng.choice([0, 10, 50, 100, 200, 400, 800, 1500])
+        QTimer.singleShot(pause_ms, self.step)
+
+    def later(self, ms: int, fn) -> None:
+        """Part of an action that happens after ms (the event loop runs meanwhile)."""
+        from PySide6.QtCore import QTimer
+
+        def run():
+            try:
+                fn()
+            except Exception:
+                self.exceptions.append(f"delayed action:\n{traceback.format_exc()}")
+
+        QTimer.singleShot(ms, run)
+
+    def finish(self) -> None:
+        from PySide6.QtCore import QTimer
+        from gui.sessions import running_sessions
+
+        self.probe.label = "closing at the end"
+        for window in list(self.windows):
+            window.close()
+        for fifo in self.fifos:  # release readers still waiting on a FIFO
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 60
+
+        def check():
+            busy = running_sessions() or any(w.sessions.busy_ending for w in self.windows)
+            if busy and time.monotonic() < deadline:
+                QTimer.singleShot(50, check)
+                return
+            self.probe.stop()
+            self.app.exit(0)
+
+        check()
+
+    def report(self) -> dict:
+        import latency_probe
+        from gui.sessions import running_sessions
+
+        limit = self.args.max_stall_ms
+        return {
+            "seed": self.args.seed, "actions": self.done_actions, "seconds": round(time.monotonic() - self.started, 1),
+            "windows": self.windows_made, "probe_ticks": self.probe.ticks,
+            "max_stall_ms": round(self.probe.max_ms, 1), "max_stall_during": self.probe.max_label,
+            # a stall's own part: all of it but the time this process waited for a free CPU
+            # (other processes' load); over the limit, that part fails the soak
+            "max_own_stall_ms": round(self.probe.max_own_ms, 1),
+            "stalls_over_limit": [s.brief() for s in self.probe.stalls if s.own_ms > limit],
+            "stalls_over_50ms": [s.brief() for s in self.probe.stalls],
+            "stall_fields": latency_probe.FIELDS,
+            "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
+            "exceptions": self.exceptions, "gave_up": self.gave_up,
+            "qt_warnings": dict(self.qt_messages),
+            "threads_running_at_end": len(running_sessions()),
+            "windows_still_open": self.windows_made - self.windows_closed,
+            "action_counts": dict(sorted(self.counts.items())),
+            "slow_backend_calls": dict(self.slow.SlowBackend.calls),
+        }
+
+
+# actions: name -> (weight, fn(soak)) ----------------------------------------------
+def key(soak, keys: str) -> None:
+    from PySide6.QtGui import QKeySequence
+    from PySide6.QtTest import QTest
+
+    combo = QKeySequence(keys)[0]
+    target = soak.window if soak.rng.random() < 0.7 else soak.window.sample_panel.count_spin
+    QTest.keyClick(target, combo.key(), combo.keyboardModifiers())
+
+
+def click(soak, button) -> None:
+    if button.isEnabled():
+        button.click()
+
+
+def set_preset(soak) -> None:
+    soak.window.config_panel.preset_combo.setCurrentText(soak.rng.choice(PRESETS))
+
+
+def set_field(soak) -> None:
+    panel, rng = soak.window.config_panel, soak.rng
+    name = rng.choice(["n_embd", "n_layer", "n_head", "block_size"])
+    values = {"n_embd": [8, 10, 16, 32, 64, 96, 128], "n_layer": [1, 2, 3, 4], "n_head": [1, 2, 3, 4, 8],
+              "block_size": [4, 8, 16, 32, 64]}[name]
+    panel.fields[name].setValue(rng.choice(values))
+
+
+def set_training(soak) -> None:
+    panel, rng = soak.window.config_panel, soak.rng
+    panel.steps_spin.setValue(rng.choice([20, 100, 500, 1000, 3000, 20_000]))
+    if rng.random() < 0.3:
+        panel.lr_spin.setValue(rng.choice([0.0005, 0.001, 0.01, 0.5]))
+
+
+def set_backend(soak) -> None:
+    soak.window.config_panel.select_backend(soak.rng.choice(["numpy", soak.slow.NAME, soak.slow.NAME]))
+
+
+def slow_down(soak) -> None:
+    rng = soak.rng
+    soak.slow.SlowBackend.delays = soak.slow.Delays(
+        open_s=rng.choice([0.0, 0.3, 1.0, 2.5]), train_s=rng.choice([0.0, 0.01, 0.05]),
+        sample_s=rng.choice([0.0, 0.5, 1.5, 3.0]), cancellable=rng.random() < 0.7)
+
+
+def sliders(soak) -> None:
+    w, rng = soak.window, soak.rng
+    w.loss_plot.smoothing_slider.setValue(rng.randrange(0, 1000))
+    w.sample_panel.temperature_slider.setValue(rng.randrange(1, 21))
+    w.sample_panel.count_spin.setValue(rng.choice([1, 10, 50, 200]))
+    if rng.random() < 0.3:
+        w.loss_plot.log_y.toggle()
+
+
+def save(soak) -> None:
+    soak.window.save_checkpoint(str(soak.folder / f"run{soak.rng.randrange(3)}.npz"))
+
+
+def load(soak) -> None:
+    saved = sorted(soak.folder.glob("run*.npz"))
+    candidates = saved + [soak.files["corrupt"], soak.folder / "missing.npz"]
+    soak.window.load_checkpoint(str(soak.rng.choice(candidates)))
+
+
+def export(soak) -> None:
+    if soak.rng.random() < 0.5:
+        soak.window.export_csv(str(soak.folder / "loss.csv"))
+    else:
+        soak.window.export_png(str(soak.folder / "loss.png"))
+
+
+def open_dataset(soak) -> None:
+    choice = soak.rng.choice(["names", "names", "small", "empty", "missing", "fifo"])
+    if choice == "fifo":
+        if len(soak.fifos) >= MAX_FIFOS or not hasattr(os, "mkfifo"):
+            return
+        path = soak.folder / f"names{len(soak.fifos)}.fifo"
+        os.mkfifo(path)
+        soak.fifos.append(path)
+    else:
+        path = soak.files[choice]
+    soak.window.open_dataset(str(path))
+
+
+def close_and_reopen(soak) -> None:
+    if soak.windows_made >= soak.args.max_windows:
+        return
+    soak.window.close()  # with a busy worker: hidden now, closed when it has finished
+    soak.new_window()
+
+
+def when(soak, condition, fn, patience_s: float = 15.0) -> None:
+    """fn() once condition() holds (checked every 50 ms, the event loop running), or never."""
+    deadline = time.monotonic() + patience_s
+
+    def check():
+        if condition():
+            fn()
+        elif time.monotonic() < deadline:
+            soak.later(50, check)
+
+    check()
+
+
+def idle(soak) -> bool:
+    return soak.window.state in ("none", "done", "failed") and soak.window.corpus is not None
+
+
+def train_big_then(soak, then) -> None:
+    """Start an s128/s256 run on the slow backend (ending the current one first),
+    and `then` while it opens."""
+    window = soak.window
+    if not idle(soak):
+        window.reset()
+
+    def start():
+        panel = window.config_panel
+        panel.preset_combo.setCurrentText(soak.rng.choice(["s128", "s256"]))
+        panel.select_backend(soak.slow.NAME)
+        soak.slow.SlowBackend.delays.open_s = max(soak.slow.SlowBackend.delays.open_s, 1.0)
+        if window.start_run():
+            soak.later(soak.rng.choice([50, 200, 600]), lambda: then(soak))
+
+    when(soak, lambda: window is soak.window and idle(soak), start)
+
+
+def sample_then(soak, then) -> None:
+    """Ask for samples (slow ones; a short slow run first if there is no model),
+    and `then` while they are being made."""
+    window = soak.window
+
+    def sample():
+        soak.slow.SlowBackend.delays.sample_s = max(soak.slow.SlowBackend.delays.sample_s, 1.0)
+        window.sample_panel.count_spin.setValue(soak.rng.choice([10, 200]))
+        window.sample_panel.request()
+        soak.later(soak.rng.choice([50, 300]), lambda: then(soak))
+
+    has_model = lambda: window is soak.window and window.state in ("ready", "running", "paused", "done")
+    if not has_model():
+        if not idle(soak):
+            return
+        window.config_panel.preset_combo.setCurrentText(soak.rng.choice(["tiny", "s128"]))
+        window.config_panel.select_backend(soak.slow.NAME)
+        window.config_panel.steps_spin.setValue(soak.rng.choice([20, 100_000]))
+        soak.slow.SlowBackend.delays.open_s = min(soak.slow.SlowBackend.delays.open_s, 0.3)
+        if not window.start_run():
+            return
+    when(soak, has_model, sample)
+
+
+def reset(soak) -> None:
+    soak.window.reset()
+
+
+ACTIONS = {
+    "F5": (10, lambda s: key(s, "F5")),
+    "Shift+F5": (4, lambda s: key(s, "Shift+F5")),
+    "Ctrl+R": (3, lambda s: key(s, "Ctrl+R")),
+    "Ctrl+G": (5, lambda s: key(s, "Ctrl+G")),
+    "train button": (4, lambda s: click(s, s.window.train_button)),
+    "stop button": (2, lambda s: click(s, s.window.stop_button)),
+    "reset button": (2, lambda s: click(s, s.window.reset_button)),
+    "sample button": (3, lambda s: click(s, s.window.sample_panel.sample_button)),
+    "preset": (4, set_preset),
+    "model field": (3, set_field),
+    "training fields": (3, set_training),
+    "backend": (3, set_backend),
+    "slow down": (3, slow_down),
+    "sliders": (3, sliders),
+    "save checkpoint": (3, save),
+    "load checkpoint": (3, load),
+    "export": (3, export),
+    "open dataset": (2, open_dataset),
+    "about": (1, lambda s: s.window.show_about()),
+    "close and reopen": (1, close_and_reopen),
+    "reset while opening big": (3, lambda s: train_big_then(s, reset)),
+    "load while opening big": (3, lambda s: train_big_then(s, load)),
+    "close while opening big": (1, lambda s: train_big_then(s, close_and_reopen)),
+    "reset while sampling": (3, lambda s: sample_then(s, reset)),
+    "close while sampling": (1, lambda s: sample_then(s, close_and_reopen)),
+    "load while sampling": (2, lambda s: sample_then(s, load)),
+    "export while sampling": (2, lambda s: sample_then(s, export)),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--actions", type=int, default=300, help="number of actions (ignored with --minutes)")
+    parser.add_argument("--minutes", type=float, help="run for this long instead of a number of actions")
+    parser.add_argument("--max-stall-ms", type=float, default=100.0)
+    parser.add_argument("--max-windows", type=int, default=1000, help="windows made by close-and-reopen, at most")
+    parser.add_argument("--data", default=DEFAULT_DATA)
+    parser.add_argument("--stacks", action="store_true",
+                        help="sample the GUI thread's stack every 2 ms and report it for each stall over 50 ms")
+    parser.add_argument("--json", help="also write the report to this file")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+    from PySide6.QtWidgets import QApplication
+
+    import gui  # noqa: F401  (the PySide6 6.12 reference-count guard)
+
+    app = QApplication([sys.argv[0]])
+    soak = Soak(app, args)
+    soak.start()
+    app.exec()
+    report = soak.report()
+    text = json.dumps(report, indent=1)
+    if args.json:
+        Path(args.json).write_text(text)
+        Path(args.json).with_suffix(".log").write_text("\n".join(soak.log))
+    ok = (not report["exceptions"] and not report["gave_up"] and not report["stalls_over_limit"]
+          and not report["qt_warnings"]
+          and report["threads_running_at_end"] == 0 and report["windows_still_open"] == 0)
+    print(text)
+    print(f"soak {'passed' if ok else 'FAILED'}: seed {args.seed}, {report['actions']} actions in "
+          f"{report['seconds']} s, max stall {report['max_stall_ms']} ms ({report['max_stall_during']}), "
+          f"max own stall {report['max_own_stall_ms']} ms, load average {os.getloadavg()[0]:.1f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
