@@ -90,7 +90,8 @@ def drive():  # inside run_gui's event loop: train, sample, close while sampling
     print(json.dumps({"close_s": time.monotonic() - started, "visible": window.isVisible()}), flush=True)
 
 QTimer.singleShot(0, drive)
-status = run_gui(["--data", sys.argv[2]])  # returns when the window has really closed
+from engine.cli import window_args
+status = run_gui(window_args(["--data", sys.argv[2]])[0])  # returns when the window has really closed
 print(json.dumps({"status": status, "samples_finished": slow_backend.SlowBackend.calls["sample"]}), flush=True)
 """
 
