@@ -53,6 +53,7 @@ class FileActions:
         file_menu.addSeparator()
         action(file_menu, "&Quit", self.close, standard_keys(QKeySequence.Quit, "Ctrl+Q"), "quitAction")
         self._build_run_menu()
+        self._build_explore_menus()
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "&About microgpt-gui", self.show_about, None, "aboutAction")
 
@@ -154,6 +155,10 @@ class FileActions:
         self.sample_panel.count_spin.setValue(int(s.value("sampling/count", 10)))
         self.loss_plot.smoothing_slider.setValue(int(s.value("plot/smoothing", 950)))
         self.loss_plot.set_log_y(str(s.value("plot/log_y", "false")).lower() == "true")
+        try:
+            self.tabs.setCurrentIndex(int(s.value("view/tab", 0)))  # out of range: stays on Training
+        except (TypeError, ValueError):
+            pass
 
     def save_settings(self) -> None:
         s = self.settings
@@ -165,6 +170,7 @@ class FileActions:
         s.setValue("sampling/count", self.sample_panel.count_spin.value())
         s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
         s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
+        s.setValue("view/tab", self.tabs.currentIndex())
         s.sync()
 
 

@@ -72,6 +72,7 @@ class InspectHub(QObject):
     def is_busy(self) -> bool:
         return self.worker.is_busy() or self.slow_worker.is_busy()
 
-    def close(self) -> bool:
-        """Stop both threads (running requests are asked to cancel); True when they ended."""
-        return all([self.worker.close(), self.slow_worker.close()])
+    def close(self, timeout_s: float = 2.0) -> bool:
+        """Stop both threads (running requests are asked to cancel); True when they ended
+        within timeout_s each (the window passes 0: it never waits)."""
+        return all([self.worker.close(timeout_s), self.slow_worker.close(timeout_s)])

@@ -21,6 +21,7 @@ from . import worker as w
 from .background import BackgroundCall
 from .config_panel import ConfigPanel
 from .dialogs import DefaultDatasetDownload, show_message_box
+from .explore import ExploreTabs
 from .file_actions import FileActions
 from .loss_plot import LossPlot
 from .run_control import IDLE, STOPPING, RunControl, format_duration
@@ -51,7 +52,7 @@ def read_corpus(path: str) -> engine.Corpus:
     return corpus
 
 
-class MainWindow(RunControl, FileActions, QMainWindow):
+class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
     stateChanged = Signal(str)     # the run's state, "none" with no run, "stopping" while one ends
     datasetChanged = Signal(str)   # path of the dataset now in use
     messageShown = Signal(str, str)  # kind ("error", "warning", "info"), text
@@ -107,7 +108,7 @@ class MainWindow(RunControl, FileActions, QMainWindow):
         self.loss_plot = LossPlot()
         self.progress_bar = QProgressBar(objectName="progressBar")
         self.sample_panel = SamplePanel()
-        right = QSplitter(Qt.Vertical)
+        right = QSplitter(Qt.Vertical, objectName="trainingPage")
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
@@ -119,7 +120,7 @@ class MainWindow(RunControl, FileActions, QMainWindow):
         right.setStretchFactor(1, 2)
         splitter = QSplitter(Qt.Horizontal, objectName="mainSplitter")
         splitter.addWidget(scroll)
-        splitter.addWidget(right)
+        splitter.addWidget(self._build_tabs(right))
         splitter.setStretchFactor(1, 1)
         self.setCentralWidget(splitter)
         self._reset_progress()

@@ -179,6 +179,7 @@ class RunControl:
         reports.stateChanged.connect(self._on_state)
         reports.status.connect(self._on_status)
         reports.error.connect(self._on_error)
+        self._explore_session_started(session)
         self._warned = False
         self._set_state(w.OPENING)
         session.start()
@@ -207,6 +208,7 @@ class RunControl:
             then()
 
     def _clear_run(self) -> None:
+        self._explore_cleared()
         self.run_info = None
         self.loss_plot.clear()
         self.sample_panel.clear()
@@ -219,6 +221,7 @@ class RunControl:
         if not self._closing:
             self._closing = True
             self.save_settings()
+            self._explore_close()
             self._checkpoint_read = self._dataset_read = None
             self._end_run()
         if self.sessions.busy_ending:  # hide now, close when the worker has finished
@@ -243,13 +246,16 @@ class RunControl:
         self.config_panel.select_backend(info.backend)
         self.loss_plot.set_vocab_size(info.vocab_size)
         self.loss_plot.follow_run(info.train.num_steps)
-        self._show_dataset_info(info if self.session.worker.spec.checkpoint else None)
+        from_checkpoint = self.session.worker.spec.checkpoint is not None
+        self._show_dataset_info(info if from_checkpoint else None)
         self.progress_bar.setRange(0, info.train.num_steps)
         self.progress_bar.setValue(info.step)
         self._update_status()
+        self._explore_opened(info, from_checkpoint)
 
-    def _on_losses(self, losses: np.ndarray, first_step: int) -> None:
+    def _on_losses(self, losses: np.ndarray, first_step: int, seconds: float = float("nan")) -> None:
         self.loss_plot.append(losses, first_step)  # progress and status follow its redraw
+        self._explore_losses(losses, first_step, seconds)
         step, now = first_step + len(losses), time.monotonic()
         if self._rate_mark is not None and now > self._rate_mark[0] and step > self._rate_mark[1]:
             rate = (step - self._rate_mark[1]) / (now - self._rate_mark[0])
@@ -287,6 +293,7 @@ class RunControl:
             self.progress_bar.setFormat(text)
 
     def _on_error(self, message: str, details: str) -> None:
+        self._explore_error(message)
         self.show_message("error", "microgpt-gui", message, details)
 
     def _on_state(self, state: str) -> None:
@@ -318,6 +325,7 @@ class RunControl:
             if state == w.DONE and before in ACTIVE:
                 message = f"{self._run_summary()}. {message}"
             self.statusBar().showMessage(message, 0 if state != w.RUNNING else 5000)
+        self._explore_state(state)
         self.stateChanged.emit(state)
 
     def _run_summary(self) -> str:

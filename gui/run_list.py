@@ -228,7 +228,13 @@ class RunListPanel(QWidget):
             item.setXRange(min(b[0] for b in bounds), max(b[1] for b in bounds))
         item.enableAutoRange()
 
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._flush()
+
     def _flush(self) -> None:
+        if not self.isVisible():  # in a hidden tab: redrawn when shown (a long curve costs)
+            return
         for row, record in enumerate(self.runs):
             if id(record) in self._dirty:
                 self._fill_row(row)

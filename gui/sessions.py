@@ -42,15 +42,18 @@ class WorkerReports(QObject):
     are blocked, so nothing an ended worker still had queued reaches the window."""
 
     opened = Signal(object)
-    losses = Signal(object, int)
+    losses = Signal(object, int, float)
     samples = Signal(list, int)
+    prefixSamples = Signal(list, int)
+    snapshot = Signal(object)
     saved = Signal(str)
     stateChanged = Signal(str)
     status = Signal(str)
     error = Signal(str, str)
 
     def relay(self, worker: TrainingWorker) -> None:
-        for name in ("opened", "losses", "samples", "saved", "stateChanged", "status", "error"):
+        for name in ("opened", "losses", "samples", "prefixSamples", "snapshot", "saved", "stateChanged",
+                     "status", "error"):
             getattr(worker, name).connect(getattr(self, name))  # queued: self lives on the GUI thread
 
 

@@ -24,9 +24,14 @@ import numpy as np
 from PySide6.QtCore import QObject, Signal, Slot
 
 import engine
+from engine.inspect import Snapshot
 
 TARGET_CHUNK_S = 0.05  # each backend.train(k) call should take about this long
 MAX_STEPS_PER_CHUNK = 4096
+# While an inspect panel is on screen, a parameter snapshot after a chunk at most
+# this often, and never costing more than SNAPSHOT_SHARE of the training time
+SNAPSHOT_INTERVAL_S = 0.25
+SNAPSHOT_SHARE = 0.05
 
 # worker states (stateChanged carries one of these)
 OPENING, READY, RUNNING, PAUSED, DONE, FAILED, CLOSED = (
@@ -61,8 +66,11 @@ class RunSpec:
 
 class TrainingWorker(QObject):
     opened = Signal(object)          # RunInfo
-    losses = Signal(object, int)     # np.ndarray of losses, index of the first one's step
+    losses = Signal(object, int, float)  # np.ndarray of losses, index of the first one's step,
+                                         # seconds they took (NaN: not timed, e.g. from a checkpoint)
     samples = Signal(list, int)      # names, the step whose parameters made them
+    prefixSamples = Signal(list, int)  # the same, for a sample request with a prefix
+    snapshot = Signal(object)        # an engine.inspect.Snapshot of the parameters (when wanted)
     saved = Signal(str)              # checkpoint path
     stateChanged = Signal(str)
     status = Signal(str)
@@ -83,6 +91,9 @@ class TrainingWorker(QObject):
         self._serve_saves = True             # when ending: still write queued checkpoints
         self._k = 1
         self._seconds_per_step: float | None = None
+        self._snapshots_wanted = threading.Event()  # an inspect panel is on screen
+        self._next_snapshot = 0.0  # time.monotonic() after which the next one may be taken
+        self._snapshot_cost = 0.0  # seconds the last snapshot took
 
     # called from the GUI thread (never waits) ---------------------------------
     def pause(self) -> None:
@@ -104,8 +115,21 @@ class TrainingWorker(QObject):
         self._interrupt.set()
         self._commands.put(("end",))  # wakes a worker waiting for commands
 
-    def request_samples(self, num_samples: int, temperature: float, seed: int) -> None:
-        self._commands.put(("sample", num_samples, temperature, seed))
+    def request_samples(self, num_samples: int, temperature: float, seed: int,
+                        prefix: str | None = None) -> None:
+        """Names by `samples`; with a prefix (even ""), names that start with it by `prefixSamples`."""
+        self._commands.put(("sample", num_samples, temperature, seed, prefix))
+
+    def want_snapshots(self, wanted: bool) -> None:
+        """Whether to send parameter snapshots while training (an inspect panel is shown)."""
+        if wanted:
+            self._snapshots_wanted.set()
+        else:
+            self._snapshots_wanted.clear()
+
+    def request_snapshot(self) -> None:
+        """One snapshot of the current parameters, after the current call."""
+        self._commands.put(("snapshot",))
 
     def request_save(self, path: str) -> None:
         self._commands.put(("save", path))
@@ -146,7 +170,7 @@ class TrainingWorker(QObject):
             self.opened.emit(RunInfo(b.name, b.model, b.train_config, b.num_params,
                                      b.corpus.vocab_size, len(b.corpus), b.step))
             if b.step:
-                self.losses.emit(self.loss_history(), 0)
+                self.losses.emit(self.loss_history(), 0, float("nan"))
             self._set_state(DONE if b.finished else RUNNING if self.spec.autostart else READY)
             self._loop()
             if self._serve_saves:
@@ -201,11 +225,14 @@ class TrainingWorker(QObject):
             self._sample(*command[1:])
         elif name == "save":
             self._save(command[1])
+        elif name == "snapshot":
+            self._send_snapshot()
 
-    def _sample(self, num_samples: int, temperature: float, seed: int) -> None:
+    def _sample(self, num_samples: int, temperature: float, seed: int, prefix: str | None) -> None:
         self.call = f"sampling {num_samples} names"
         try:
-            names = self.backend.sample(num_samples, temperature, seed, cancel=self._interrupt.is_set)
+            names = self.backend.sample(num_samples, temperature, seed, prefix=prefix or "",
+                                        cancel=self._interrupt.is_set)
         except engine.Cancelled:
             self.status.emit("Sampling cancelled")
             return
@@ -214,7 +241,30 @@ class TrainingWorker(QObject):
             return
         finally:
             self.call = ""
-        self.samples.emit(names, self.backend.step)
+        (self.samples if prefix is None else self.prefixSamples).emit(names, self.backend.step)
+
+    def _send_snapshot(self) -> None:
+        started = time.perf_counter()
+        try:
+            snapshot = Snapshot.from_backend(self.backend)
+        except MemoryError:  # the panels are a view: training goes on without them
+            self.status.emit("Not enough memory for a copy of the parameters to inspect")
+            return
+        except Exception as exc:  # e.g. a backend left unusable by a failed call
+            self.status.emit(f"Cannot inspect the parameters: {_message(exc)}")
+            return
+        self._snapshot_cost = time.perf_counter() - started
+        self.snapshot.emit(snapshot)
+
+    def _maybe_send_snapshot(self) -> None:
+        """After a chunk: a snapshot when wanted, at most every SNAPSHOT_INTERVAL_S and
+        never more than SNAPSHOT_SHARE of the time (a large model's copy is slow)."""
+        now = time.monotonic()
+        if not self._snapshots_wanted.is_set() or now < self._next_snapshot:
+            return
+        self._send_snapshot()
+        spacing = max(SNAPSHOT_INTERVAL_S, self._snapshot_cost / SNAPSHOT_SHARE)
+        self._next_snapshot = time.monotonic() + spacing
 
     def _save(self, path: str) -> None:
         self.call = "saving the checkpoint"
@@ -246,7 +296,7 @@ class TrainingWorker(QObject):
             losses = backend.train(self._k)
         except engine.TrainingDiverged as exc:
             self.step = backend.step
-            self.losses.emit(self.loss_history()[first:], first)
+            self.losses.emit(self.loss_history()[first:], first, float("nan"))
             self._set_state(DONE)
             self.error.emit(str(exc), "")
             return
@@ -264,10 +314,12 @@ class TrainingWorker(QObject):
         self.train_seconds += elapsed
         self.step = backend.step
         if len(losses):
-            self.losses.emit(losses, first)
+            self.losses.emit(losses, first, elapsed)
             self._adapt_chunk(elapsed / len(losses))
         if backend.finished:
             self._set_state(DONE)
+        else:
+            self._maybe_send_snapshot()
 
     def _adapt_chunk(self, seconds_per_step: float) -> None:
         """Choose k so the next call takes about TARGET_CHUNK_S (growing at most 2x)."""
@@ -281,6 +333,8 @@ class TrainingWorker(QObject):
     def _set_state(self, state: str) -> None:
         self.state = state
         self.stateChanged.emit(state)
+        if state in (READY, PAUSED, DONE) and self.backend is not None and self._snapshots_wanted.is_set():
+            self._send_snapshot()  # the parameters training stopped at
 
 
 def _message(exc: BaseException) -> str:
