@@ -114,7 +114,7 @@ class Soak:
         self.probe.resume()
 
     def _on_qt_message(self, kind, context, message: str) -> None:
-        if "propagateSizeHints" not in message:  # the offscreen platform's notice
+        if not message.startswith("This plugin does not support"):  # the offscreen platform's notices
             self.qt_messages[message] += 1
 
     # the run ------------------------------------------------------------------
@@ -376,6 +376,31 @@ def reset(soak) -> None:
     soak.window.reset()
 
 
+def explore(soak) -> None:
+    """The explore tabs: show one (a model tab makes the worker send snapshots),
+    type in it, sample from a prefix, open a name's attention."""
+    window, rng = soak.window, soak.rng
+    key(soak, f"Ctrl+{rng.randint(1, 5)}")
+    text = "".join(rng.choice("aeiklmnorsy") for _ in range(rng.randint(0, 4)))
+    choice = rng.choice(["prefix", "attention", "prefix sample", "none"])
+    if choice == "prefix":
+        window.next_char_panel.prefix_edit.setText(text)
+    elif choice == "attention":
+        window.attention_panel.name_edit.setText(text or "emma")
+    elif choice == "prefix sample":
+        click(soak, window.next_char_panel.sample_button)
+
+
+def scaling_study(soak) -> None:
+    """Open the study, start it, and cancel and close it while it measures."""
+    dialog = soak.window.show_scaling_study()
+    if dialog is None:
+        return
+    if dialog.run():
+        soak.later(soak.rng.choice([100, 1500]), dialog.cancel)
+    soak.later(2000, dialog.close)
+
+
 ACTIONS = {
     "F5": (10, lambda s: key(s, "F5")),
     "Shift+F5": (4, lambda s: key(s, "Shift+F5")),
@@ -404,6 +429,8 @@ ACTIONS = {
     "close while sampling": (1, lambda s: sample_then(s, close_and_reopen)),
     "load while sampling": (2, lambda s: sample_then(s, load)),
     "export while sampling": (2, lambda s: sample_then(s, export)),
+    "explore tabs": (6, explore),
+    "scaling study": (1, scaling_study),
 }
 
 
