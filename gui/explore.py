@@ -41,7 +41,7 @@ class ExploreTabs:
 
         self.tabs = QTabWidget(objectName="mainTabs")
         for page, title, tip in (
-                (training_page, "&Training", "The loss curve, progress and samples of the current run"),
+                (training_page, "Tra&ining", "The loss curve, progress and samples of the current run"),
                 (self.next_char_panel, "&Next character", "What the model expects after a prefix"),
                 (self.attention_panel, "&Attention", "Where each position of a name looks"),
                 (self.char_map_panel, "Character &map", "The characters' embeddings in two dimensions"),
