@@ -3,8 +3,14 @@
   plot updates per second during training            [>= 10]
   longest event-loop stall: a 10 ms QTimer's lateness [<= 100 ms up to s128]
   Stop latency: click to the run having ended         [<= 500 ms at s128]
+  with --tab "Next character": keystroke to bars drawn [<= 100 ms at s128]
 
     python scripts/responsiveness.py [--presets tiny s128] [--seconds 5] [--backend numpy]
+                                     [--tab "Next character"]
+
+With --tab, that tab is on screen while training is measured (a model tab makes
+the worker send parameter snapshots); on the Next character tab a typist types
+a prefix throughout, one key 50 to 150 ms after the previous key's bars.
 
 Runs the real window offscreen (set QT_QPA_PLATFORM=xcb with a DISPLAY to use X).
 """
@@ -12,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import statistics
 import sys
 import tempfile
 import time
@@ -33,6 +41,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="training time measured per preset")
     parser.add_argument("--switch-interval", type=float, help="override sys.setswitchinterval (seconds)")
     parser.add_argument("--stops", type=int, default=3, help="Stop latency trials per preset")
+    parser.add_argument("--tab", default="Training", help="the tab shown while measuring")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["MICROGPT_GUI_SETTINGS"] = os.path.join(tempfile.mkdtemp(), "settings.ini")
@@ -92,6 +101,51 @@ def main() -> int:
         ticker.stop()
         return sorted(lateness)
 
+    tabs = window.tabs
+    titles = [tabs.tabText(i).replace("&", "") for i in range(tabs.count())]
+    if args.tab not in titles:
+        print(f"no tab {args.tab!r}; the tabs are {titles}")
+        return 2
+    tabs.setCurrentIndex(titles.index(args.tab))
+    panel = window.next_char_panel
+    typing = {"on": False, "expected": None, "started": 0.0, "typed": 0, "ms": []}
+    typed_text = "kaylee\bn\b\bmar\b\bia\b\bisabella"  # \b is Backspace
+    typist = random.Random(0)
+
+    def type_next() -> None:
+        from PySide6.QtCore import Qt
+        from PySide6.QtTest import QTest
+
+        if not typing["on"]:
+            return
+        key = typed_text[typing["typed"] % len(typed_text)]
+        typing["typed"] += 1
+        if len(panel.prefix) >= 10:
+            panel.prefix_edit.clear()
+        expected = panel.prefix[:-1] if key == "\b" else panel.prefix + key
+        if expected == panel.prefix:
+            QTimer.singleShot(0, type_next)
+            return
+        typing["expected"], typing["started"] = expected, time.perf_counter()
+        if key == "\b":
+            QTest.keyClick(panel.prefix_edit, Qt.Key_Backspace)
+        else:
+            QTest.keyClicks(panel.prefix_edit, key)
+
+    def on_bars(dist) -> None:
+        if typing["on"] and dist.prefix == typing["expected"]:
+            panel.plot.viewport().repaint()  # drawn now, not at the next idle moment
+            typing["ms"].append(1e3 * (time.perf_counter() - typing["started"]))
+            typing["expected"] = None
+            QTimer.singleShot(int(typist.uniform(50, 150)), type_next)
+
+    panel.distributionShown.connect(on_bars)
+
+    def start_typing() -> None:
+        if args.tab == "Next character":
+            typing.update(on=True, ms=[])
+            QTimer.singleShot(0, type_next)
+
     def p99(values: list[float]) -> float:
         return values[int(0.99 * (len(values) - 1))] if values else float("nan")
 
@@ -100,7 +154,9 @@ def main() -> int:
     for preset in args.presets:
         start(preset)
         redraws0, steps0, t0 = window.loss_plot.redraws, window.loss_plot.series.n, time.perf_counter()
+        start_typing()
         lateness = measure_stalls()
+        typing["on"] = False
         elapsed = time.perf_counter() - t0
         updates = (window.loss_plot.redraws - redraws0) / elapsed
         rate = (window.loss_plot.series.n - steps0) / elapsed
@@ -116,6 +172,10 @@ def main() -> int:
             stops.append(1000 * (time.perf_counter() - t_stop))
         print(f"{preset:8} {rate:8.0f} {k:8d} {updates:15.1f} {max(lateness):13.1f} {p99(lateness):13.1f} "
               f"{max(stops):12.0f} (n={len(stops)})", flush=True)
+        if typing["ms"]:
+            ms = sorted(typing["ms"])
+            print(f"{'':8} keystroke to bars: {len(ms)} keys, median {statistics.median(ms):.0f} ms, "
+                  f"p90 {ms[int(0.9 * (len(ms) - 1))]:.0f} ms, max {ms[-1]:.0f} ms", flush=True)
         window.reset()
         wait_for(lambda: window.state == "none")
     window.close()
