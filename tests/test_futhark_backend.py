@@ -9,6 +9,8 @@ cache). (How they are built: test_futhark_build.py.)
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,25 @@ def test_layout_refuses_a_different_order(corpus):
     wider = [ParamSpec(s.name, (s.shape[0], s.shape[1] + 1), s.offset) for s in specs]
     with pytest.raises(BackendError):
         fbk.layout_offsets(wider, model, corpus.vocab_size)
+
+
+def test_multicore_threads_by_model_size():
+    """One thread below MULTICORE_MIN_PARAMS (a second made small steps slower), every core from there."""
+    assert fbk.multicore_threads(fbk.MULTICORE_MIN_PARAMS - 1, 2) == 1
+    assert fbk.multicore_threads(fbk.MULTICORE_MIN_PARAMS, 2) == 2
+    assert fbk.multicore_threads(85_000_000, 8) == 8
+
+
+def test_open_context_sets_the_thread_count(futhark_cpu_builds):
+    """The multicore runtime starts a worker thread per thread past the first."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("counts threads through /proc")
+    before = len(os.listdir("/proc/self/task"))
+    one = fbk.open_context("multicore", 1)
+    assert len(os.listdir("/proc/self/task")) == before
+    two = fbk.open_context("multicore", 2)
+    assert len(os.listdir("/proc/self/task")) == before + 1
+    del one, two
 
 
 def test_state_arguments_carry_the_configs_and_the_corpus(corpus):

@@ -9,6 +9,8 @@ the parameter layout from engine.params.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from ..futhark import build as futhark_build
@@ -85,13 +87,17 @@ class FutharkBackend(Backend):
     target = "c"  # Futhark's compiler backend
 
     def _setup(self, params: np.ndarray) -> None:
-        self._fut = open_context(self.target)
+        self._fut = open_context(self.target, self.threads())
         self._state = self._call("new_state", *state_arguments(
             self.model, self.train_config, self.corpus, self.specs, params, self.blocks()))
 
     def blocks(self) -> int:
         """How the kernel runs its products (GPU_BLOCKS' comment)."""
         return 1
+
+    def threads(self) -> int | None:
+        """The multicore runtime's thread count; None: Futhark's default."""
+        return None
 
     # futhark-ffi reports a failed entry point or sync as ValueError with the
     # context's message; nothing was replaced yet when that happens.
@@ -145,12 +151,35 @@ class FutharkBackend(Backend):
         self._fut = None
 
 
-def open_context(target: str):
-    """A new futhark-ffi context over the compiled library (built on first use)."""
+class _ThreadCountLib:
+    """The compiled library, with futhark_context_config_new setting the
+    thread count: futhark-ffi creates the config and the context in one call
+    and has no option for it."""
+
+    def __init__(self, lib, num_threads: int):
+        self._lib, self._num_threads = lib, num_threads
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def __dir__(self):  # futhark-ffi looks up the C type of what it lists: not this method's
+        return [name for name in dir(self._lib) if name != "futhark_context_config_new"]
+
+    def futhark_context_config_new(self):
+        config = self._lib.futhark_context_config_new()
+        self._lib.futhark_context_config_set_num_threads(config, self._num_threads)
+        return config
+
+
+def open_context(target: str, num_threads: int | None = None):
+    """A new futhark-ffi context over the compiled library (built on first use);
+    num_threads: the multicore runtime's thread count (None: one per core)."""
     from futhark_ffi import Futhark
 
     libdir = futhark_build.build(target)
     module = futhark_build.import_library(libdir, target)
+    if num_threads is not None:
+        module = SimpleNamespace(lib=_ThreadCountLib(module.lib, num_threads), ffi=module.ffi)
     options = {}
     cache_file = str(libdir / "kernels.cache")
     if target in ("cuda", "opencl") and cache_file.isascii():
@@ -166,12 +195,28 @@ class FutharkCBackend(FutharkBackend):
     host_buffers = 6  # the state's parameters and moments, and a train call's copies of them
 
 
+# Below this many parameters the multicore backend runs on one thread, with
+# the kernel's sequential products (blocks = 1): from tiny to s128 (0.8
+# million) a second thread made every step slower (Futhark's scheduler costs
+# microseconds per parallel region, and a step has hundreds), at s256 (4.8
+# million) it broke even. README "Performance".
+MULTICORE_MIN_PARAMS = 2_000_000
+
+
+def multicore_threads(num_params: int, cores: int) -> int:
+    """The multicore backend's thread count for a model of num_params."""
+    return 1 if num_params < MULTICORE_MIN_PARAMS else cores
+
+
 class FutharkMulticoreBackend(FutharkBackend):
     name, target = "futhark-multicore", "multicore"
     host_buffers = 6
 
+    def threads(self) -> int:
+        return multicore_threads(self.num_params, usable_cores())
+
     def blocks(self) -> int:
-        return usable_cores()  # Futhark's scheduler runs a thread per core
+        return self.threads()  # Futhark's scheduler runs one task per thread
 
 
 class FutharkGpuBackend(FutharkBackend):
