@@ -154,7 +154,30 @@ def futhark_cpu_builds(tmp_path_factory) -> dict:
     return builds
 
 
-CPU_BACKENDS = ["futhark-c", "futhark-multicore"]
+# futhark-multicore on a test-sized model runs futhark-c's sequential build (one
+# thread is faster there); this name runs its parallel build on two threads.
+MULTICORE_2_THREADS = "futhark-multicore-2-threads"
+CPU_BACKENDS = ["futhark-c", "futhark-multicore", MULTICORE_2_THREADS]
+
+
+@pytest.fixture(autouse=True)
+def _register_two_thread_multicore(request, monkeypatch):
+    """MULTICORE_2_THREADS is a backend name for the tests that are given it."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is None or MULTICORE_2_THREADS not in callspec.params.values():
+        return
+    from engine import backends as registry
+    from engine.backends import futhark_backend as fbk
+
+    class TwoThreadMulticore(fbk.FutharkMulticoreBackend):
+        name = MULTICORE_2_THREADS
+
+        def threads(self) -> int:
+            return 2
+
+    monkeypatch.setitem(registry._REGISTRY, MULTICORE_2_THREADS,
+                        (registry._REGISTRY["futhark-multicore"][0],
+                         lambda model, train, corpus, params: TwoThreadMulticore(model, train, corpus, params)))
 
 
 # -- the sampler's reference ---------------------------------------------------

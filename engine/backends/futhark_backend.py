@@ -9,6 +9,7 @@ the parameter layout from engine.params.
 """
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -87,7 +88,7 @@ class FutharkBackend(Backend):
     target = "c"  # Futhark's compiler backend
 
     def _setup(self, params: np.ndarray) -> None:
-        self._fut = open_context(self.target, self.threads())
+        self._fut = open_context(self.library_target(), self.threads())
         self._state = self._call("new_state", *state_arguments(
             self.model, self.train_config, self.corpus, self.specs, params, self.blocks()))
 
@@ -98,6 +99,10 @@ class FutharkBackend(Backend):
     def threads(self) -> int | None:
         """The multicore runtime's thread count; None: Futhark's default."""
         return None
+
+    def library_target(self) -> str:
+        """Which compiled library runs this backend's steps."""
+        return self.target
 
     # futhark-ffi reports a failed entry point or sync as ValueError with the
     # context's message; nothing was replaced yet when that happens.
@@ -178,7 +183,7 @@ def open_context(target: str, num_threads: int | None = None):
 
     libdir = futhark_build.build(target)
     module = futhark_build.import_library(libdir, target)
-    if num_threads is not None:
+    if num_threads is not None and target == "multicore":  # the only runtime with threads
         module = SimpleNamespace(lib=_ThreadCountLib(module.lib, num_threads), ffi=module.ffi)
     options = {}
     cache_file = str(libdir / "kernels.cache")
@@ -195,16 +200,22 @@ class FutharkCBackend(FutharkBackend):
     host_buffers = 6  # the state's parameters and moments, and a train call's copies of them
 
 
-# Below this many parameters the multicore backend runs on one thread, with
-# the kernel's sequential products (blocks = 1): from tiny to s128 (0.8
-# million) a second thread made every step slower (Futhark's scheduler costs
-# microseconds per parallel region, and a step has hundreds), at s256 (4.8
-# million) it broke even. README "Performance".
+# Below this many parameters the multicore backend runs on one thread: from
+# tiny to s128 (0.8 million) a second thread made every step slower (Futhark's
+# scheduler costs microseconds per parallel region, and a step has hundreds),
+# at s256 (4.8 million) it broke even. README "Performance".
 MULTICORE_MIN_PARAMS = 2_000_000
+THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 
-def multicore_threads(num_params: int, cores: int) -> int:
-    """The multicore backend's thread count for a model of num_params."""
+def multicore_threads(num_params: int, cores: int, environ=None) -> int:
+    """The multicore backend's thread count for a model of num_params
+    ($MICROGPT_FUTHARK_THREADS, a whole number from 1, overrides it)."""
+    text = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise BackendError(f"{THREADS_ENV} must be a whole number from 1, got {text!r}")
+        return int(text)
     return 1 if num_params < MULTICORE_MIN_PARAMS else cores
 
 
@@ -214,6 +225,12 @@ class FutharkMulticoreBackend(FutharkBackend):
 
     def threads(self) -> int:
         return multicore_threads(self.num_params, usable_cores())
+
+    def library_target(self) -> str:
+        # One thread runs the sequential C build: the same kernel, without the
+        # multicore runtime's per-region task, scratch memory and clock reads,
+        # which made a one-thread multicore step 15-45% slower than futhark-c's.
+        return "multicore" if self.threads() > 1 else "c"
 
     def blocks(self) -> int:
         return self.threads()  # Futhark's scheduler runs one task per thread
