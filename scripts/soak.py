@@ -393,12 +393,16 @@ def explore(soak) -> None:
 
 def scaling_study(soak) -> None:
     """Open the study, start it, and cancel and close it while it measures."""
+    from shiboken6 import isValid
+
     dialog = soak.window.show_scaling_study()
     if dialog is None:
         return
+    # the dialog goes with its window (closed meanwhile) or with a new dataset's study
+    if_alive = lambda fn: lambda: fn() if isValid(dialog) else None
     if dialog.run():
-        soak.later(soak.rng.choice([100, 1500]), dialog.cancel)
-    soak.later(2000, dialog.close)
+        soak.later(soak.rng.choice([100, 1500]), if_alive(dialog.cancel))
+    soak.later(2000, if_alive(dialog.close))
 
 
 ACTIONS = {
