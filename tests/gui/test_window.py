@@ -95,9 +95,10 @@ def test_sampling_during_and_after_training(make_window, names_path, names_corpu
     seen = []
     window.session.worker.samples.connect(lambda names, step: seen.append((window.state, step)))
     click(qtbot, window, "sampleButton")
-    qtbot.waitUntil(lambda: samples.count() == 8, timeout=TIMEOUT_MS)
+    # both reach the GUI thread as queued events, the list's first: wait for both
+    qtbot.waitUntil(lambda: samples.count() == 8 and seen, timeout=TIMEOUT_MS)
     during = [samples.item(i).text() for i in range(samples.count())]
-    assert seen and seen[0][1] < 100_000
+    assert seen[0][1] < 100_000
     steps_then = window.loss_plot.series.n
     wait_steps(qtbot, window, steps_then + 1)  # training went on after the sample
     assert window.state == "running"
