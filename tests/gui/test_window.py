@@ -96,7 +96,7 @@ def test_sampling_during_and_after_training(make_window, names_path, names_corpu
     window.session.worker.samples.connect(lambda names, step: seen.append((window.state, step)))
     click(qtbot, window, "sampleButton")
     # both reach the GUI thread as queued events, the list's first: wait for both
-    qtbot.waitUntil(lambda: samples.count() == 8 and seen, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: samples.count() == 8 and bool(seen), timeout=TIMEOUT_MS)
     during = [samples.item(i).text() for i in range(samples.count())]
     assert seen[0][1] < 100_000
     steps_then = window.loss_plot.series.n
