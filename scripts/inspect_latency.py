@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import threading
@@ -26,7 +25,6 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or str(next(
     (d / "shared" / "data" / "names.txt" for d in ROOT.parents if (d / "shared" / "data" / "names.txt").is_file()),
     ROOT.parent / "shared" / "data" / "names.txt"))
-TYPED = "kaylee\bn\b\bmar\b\bia\b\bisabella"  # \b is Backspace
 
 
 def main() -> int:
@@ -41,8 +39,8 @@ def main() -> int:
     import gui  # noqa: F401  (PySide6 6.12 workaround before any Qt call)
     import shiboken6
     from PySide6.QtCore import QEventLoop, QObject, Qt, QTimer, Signal
-    from PySide6.QtTest import QTest
     from PySide6.QtWidgets import QApplication, QTabWidget
+    from typist import Typist
 
     import engine
     from engine import inspect as ins
@@ -92,45 +90,14 @@ def main() -> int:
         loop.exec()
 
     def trial(keys: int) -> list[float]:
-        """Type `keys` keystrokes from the running event loop (as a person would: the
-        GUI thread idles in Qt between events), each one when the previous one's bars
-        are drawn plus a typist's pause."""
-        latencies, rng = [], random.Random(0)
-        state = {"prefix": None, "started": 0.0, "typed": 0}
-
-        def type_next() -> None:
-            if state["typed"] == keys:
-                loop.quit()
-                return
-            key = TYPED[state["typed"] % len(TYPED)]
-            state["typed"] += 1
-            if len(panel.prefix) >= preset.model.block_size - 2:
-                panel.prefix_edit.clear()
-            expected = panel.prefix[:-1] if key == "\b" else panel.prefix + key
-            if expected == panel.prefix:
-                QTimer.singleShot(0, type_next)
-                return
-            state["prefix"], state["started"] = expected, time.perf_counter()
-            if key == "\b":
-                QTest.keyClick(panel.prefix_edit, Qt.Key_Backspace)
-            else:
-                QTest.keyClicks(panel.prefix_edit, key)
-
-        def on_shown(dist) -> None:
-            if dist.prefix != state["prefix"]:
-                return
-            panel.plot.viewport().repaint()  # draw the bars now, not at the next idle moment
-            latencies.append(1e3 * (time.perf_counter() - state["started"]))
-            state["prefix"] = None
-            QTimer.singleShot(int(rng.uniform(50, 150)), type_next)  # a person typing quickly
-
-        panel.distributionShown.connect(on_shown)
-        panel.prefix_edit.setFocus()
+        """Type `keys` keystrokes from the running event loop (scripts/typist.py)."""
         loop = QEventLoop()
-        QTimer.singleShot(0, type_next)
+        typist = Typist(panel, preset.model.block_size - 2, keys=keys, on_done=loop.quit)
+        panel.prefix_edit.setFocus()
+        typist.start()
         loop.exec()
-        panel.distributionShown.disconnect(on_shown)
-        return latencies
+        typist.close()
+        return typist.latencies_ms
 
     def report(name: str, ms: list[float], note: str = "") -> None:
         ms = sorted(ms)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -107,44 +106,9 @@ def main() -> int:
         print(f"no tab {args.tab!r}; the tabs are {titles}")
         return 2
     tabs.setCurrentIndex(titles.index(args.tab))
-    panel = window.next_char_panel
-    typing = {"on": False, "expected": None, "started": 0.0, "typed": 0, "ms": []}
-    typed_text = "kaylee\bn\b\bmar\b\bia\b\bisabella"  # \b is Backspace
-    typist = random.Random(0)
+    from typist import Typist
 
-    def type_next() -> None:
-        from PySide6.QtCore import Qt
-        from PySide6.QtTest import QTest
-
-        if not typing["on"]:
-            return
-        key = typed_text[typing["typed"] % len(typed_text)]
-        typing["typed"] += 1
-        if len(panel.prefix) >= 10:
-            panel.prefix_edit.clear()
-        expected = panel.prefix[:-1] if key == "\b" else panel.prefix + key
-        if expected == panel.prefix:
-            QTimer.singleShot(0, type_next)
-            return
-        typing["expected"], typing["started"] = expected, time.perf_counter()
-        if key == "\b":
-            QTest.keyClick(panel.prefix_edit, Qt.Key_Backspace)
-        else:
-            QTest.keyClicks(panel.prefix_edit, key)
-
-    def on_bars(dist) -> None:
-        if typing["on"] and dist.prefix == typing["expected"]:
-            panel.plot.viewport().repaint()  # drawn now, not at the next idle moment
-            typing["ms"].append(1e3 * (time.perf_counter() - typing["started"]))
-            typing["expected"] = None
-            QTimer.singleShot(int(typist.uniform(50, 150)), type_next)
-
-    panel.distributionShown.connect(on_bars)
-
-    def start_typing() -> None:
-        if args.tab == "Next character":
-            typing.update(on=True, ms=[])
-            QTimer.singleShot(0, type_next)
+    typist = Typist(window.next_char_panel, max_prefix=10) if args.tab == "Next character" else None
 
     def p99(values: list[float]) -> float:
         return values[int(0.99 * (len(values) - 1))] if values else float("nan")
@@ -154,9 +118,11 @@ def main() -> int:
     for preset in args.presets:
         start(preset)
         redraws0, steps0, t0 = window.loss_plot.redraws, window.loss_plot.series.n, time.perf_counter()
-        start_typing()
+        if typist is not None:
+            typist.start()
         lateness = measure_stalls()
-        typing["on"] = False
+        if typist is not None:
+            typist.stop()
         elapsed = time.perf_counter() - t0
         updates = (window.loss_plot.redraws - redraws0) / elapsed
         rate = (window.loss_plot.series.n - steps0) / elapsed
@@ -172,8 +138,8 @@ def main() -> int:
             stops.append(1000 * (time.perf_counter() - t_stop))
         print(f"{preset:8} {rate:8.0f} {k:8d} {updates:15.1f} {max(lateness):13.1f} {p99(lateness):13.1f} "
               f"{max(stops):12.0f} (n={len(stops)})", flush=True)
-        if typing["ms"]:
-            ms = sorted(typing["ms"])
+        if typist is not None and typist.latencies_ms:
+            ms = sorted(typist.latencies_ms)
             print(f"{'':8} keystroke to bars: {len(ms)} keys, median {statistics.median(ms):.0f} ms, "
                   f"p90 {ms[int(0.9 * (len(ms) - 1))]:.0f} ms, max {ms[-1]:.0f} ms", flush=True)
         window.reset()
