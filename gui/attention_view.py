@@ -74,10 +74,6 @@ class AttentionPanel(QWidget):
         self.head_combo.currentIndexChanged.connect(self._draw)
         self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
         hub.register(self)
-        hub.snapshotChanged.connect(self._on_snapshot)
-        hub.resultReady.connect(self._on_result)
-        hub.failed.connect(self._on_failed)
-        self._on_snapshot(hub.snapshot)
 
     @property
     def text(self) -> str:

@@ -72,10 +72,6 @@ class CharMapPanel(QWidget):
         self.trails_check.toggled.connect(self._draw_trails)
         self.clear_trails_button.clicked.connect(self.clear_trails)
         hub.register(self)
-        hub.snapshotChanged.connect(self._on_snapshot)
-        hub.resultReady.connect(self._on_result)
-        hub.failed.connect(self._on_failed)
-        self._on_snapshot(hub.snapshot)
 
     def refresh(self, *_) -> None:
         """Project the hub's current snapshot (oriented like the map now shown);

@@ -47,7 +47,13 @@ class InspectHub(QObject):
         self.snapshotChanged.emit(snapshot)
 
     def register(self, panel: QWidget) -> None:
+        """Attach a panel: its _on_snapshot(snapshot), _on_result(key, result) and
+        _on_failed(key, message) follow the hub, starting with the current snapshot."""
         self._panels.append(panel)
+        self.snapshotChanged.connect(panel._on_snapshot)
+        self.resultReady.connect(panel._on_result)
+        self.failed.connect(panel._on_failed)
+        panel._on_snapshot(self._snapshot)
 
     @property
     def wants_snapshots(self) -> bool:

@@ -133,10 +133,6 @@ class NextCharPanel(QWidget):
             listing.itemActivated.connect(lambda item: self.nameActivated.emit(item.data(Qt.UserRole)))
         self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
         hub.register(self)
-        hub.snapshotChanged.connect(self._on_snapshot)
-        hub.resultReady.connect(self._on_result)
-        hub.failed.connect(self._on_failed)
-        self._on_snapshot(hub.snapshot)
 
     # inputs -----------------------------------------------------------------
     @property
