@@ -35,7 +35,6 @@ class ExploreTabs:
         self.char_map_panel = CharMapPanel(self.inspect_hub)
         self.run_list = RunListPanel(smoothing=self.loss_plot.smoothing)
         self.run_record: RunRecord | None = None  # the current run's, in run_list.runs
-        self._runs_made = 0
         self.scaling_dialog: ScalingStudyDialog | None = None
         self._scaling_data_path: str | None = None
 
@@ -47,7 +46,7 @@ class ExploreTabs:
                 (self.char_map_panel, "Character &map", "The characters' embeddings in two dimensions"),
                 (self.run_list, "R&uns", "Every run of this session; overlay their loss curves")):
             self.tabs.setTabToolTip(self.tabs.addTab(page, title), tip)
-        self.tabs.currentChanged.connect(self._on_tab_changed)
+        self.tabs.currentChanged.connect(self._update_snapshot_wish)
 
         self.next_char_panel.sampleRequested.connect(self.request_prefix_samples)
         self.next_char_panel.nameActivated.connect(self.show_attention)
@@ -99,10 +98,7 @@ class ExploreTabs:
         return dialog
 
     # snapshots ----------------------------------------------------------------
-    def _on_tab_changed(self, *_) -> None:
-        self._update_snapshot_wish()
-
-    def _update_snapshot_wish(self) -> None:
+    def _update_snapshot_wish(self, *_) -> None:
         """Snapshots only while a panel that reads them is on screen (they cost a copy)."""
         session, wanted = self.session, self.inspect_hub.wants_snapshots
         if session is None:
@@ -112,18 +108,14 @@ class ExploreTabs:
         if wanted and self.state in w.HAS_MODEL and (snapshot is None or snapshot.step != session.worker.step):
             session.worker.request_snapshot()
 
-    def _on_snapshot(self, snapshot) -> None:
-        self.inspect_hub.set_snapshot(snapshot)
-
     # run records ----------------------------------------------------------------
     def _explore_session_started(self, session) -> None:
-        session.reports.snapshot.connect(self._on_snapshot)
+        session.reports.snapshot.connect(self.inspect_hub.set_snapshot)
         session.reports.prefixSamples.connect(self.next_char_panel.show_samples)
         session.worker.want_snapshots(self.inspect_hub.wants_snapshots)
 
     def _explore_opened(self, info: w.RunInfo, from_checkpoint: bool) -> None:
-        self._runs_made += 1
-        self.run_record = RunRecord(f"run {self._runs_made}", info.backend, info.model, info.train,
+        self.run_record = RunRecord(f"run {len(self.run_list.runs) + 1}", info.backend, info.model, info.train,
                                     status="loaded" if from_checkpoint else "running")
         self.run_list.add_run(self.run_record)
         self._update_snapshot_wish()
@@ -132,9 +124,7 @@ class ExploreTabs:
         record = self.run_record
         if record is None:
             return
-        if first_step > record.steps:  # steps the window never saw (cannot happen; be safe)
-            return
-        record.extend(losses, first_step, None if math.isnan(seconds) else seconds)
+        record.extend(losses, first_step, seconds)  # NaN (not timed) stays NaN per step
         self.run_list.update_run(record)
 
     def _explore_state(self, state: str) -> None:

@@ -253,7 +253,7 @@ class RunControl:
         self._update_status()
         self._explore_opened(info, from_checkpoint)
 
-    def _on_losses(self, losses: np.ndarray, first_step: int, seconds: float = float("nan")) -> None:
+    def _on_losses(self, losses: np.ndarray, first_step: int, seconds: float) -> None:
         self.loss_plot.append(losses, first_step)  # progress and status follow its redraw
         self._explore_losses(losses, first_step, seconds)
         step, now = first_step + len(losses), time.monotonic()
