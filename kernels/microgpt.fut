@@ -5,48 +5,48 @@
 -- with its hand-written backward pass and Adam, kernels/sample.fut the
 -- sampler.  Parameters live in one flat f32 buffer in engine/params.py's
 -- order; the host passes the offset of each matrix (`layout`), which
--- `new_state` checks once.
+-- `new_weights` checks.
 
 import "model"
 import "train"
 import "sample"
 
--- | Everything a run needs between calls, kept in the Futhark context:
--- P parameters with their Adam moments, the layout (3 + 6 n_layer
--- offsets), and the corpus as N tokens of D documents, document i being
+-- | What a run reads and never changes, kept in the Futhark context: the
+-- dimensions, Adam's settings, the layout (3 + 6 n_layer offsets), and the
+-- corpus as N tokens of D documents, document i being
 -- tokens[offsets[i] : offsets[i] + lengths[i]] = [bos] ++ name ++ [bos],
 -- of which a step reads the first windows[i] + 1 (see `window`).
 -- `blocks`: how the backward products run (model.fut's back_linear): 1
 -- for sequential C, the number of threads for multicore, 0 for a GPU.
-type state [p][l][n][d] =
+type model [l][n][d] =
   {dims: dims, adam: adam, blocks: i64, layout: [l]i64,
-   params: [p]f32, m: [p]f32, v: [p]f32, step: i64,
    tokens: [n]i32, offsets: [d]i64, windows: [d]i64}
 
-def with_training [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
-                                (step: i64): state [p][l][n][d] =
-  {dims = s.dims, adam = s.adam, blocks = s.blocks, layout = s.layout, params, m, v, step,
-   tokens = s.tokens, offsets = s.offsets, windows = s.windows}
+-- | What training changes: P parameters, their Adam moments and the step.
+-- A value of its own, apart from the model, so that `train` can consume it
+-- and update its buffers in place (Futhark refuses to consume fields of a
+-- record whose other fields the call still reads).
+type weights [p] = {params: [p]f32, m: [p]f32, v: [p]f32, step: i64}
 
 def finite (x: f32): bool = !(f32.isnan x || f32.isinf x)
 
 -- | The flat buffer as (P / C) rows of C values (every matrix has a
--- multiple of C entries; new_state checks the layout).
+-- multiple of C entries; new_weights checks the layout).
 def as_rows [p] (rows: i64) (c: i64) (flat: [p]f32): [rows][c]f32 =
   matrix flat 0 rows c
 
 -- | Where training step `step` reads: document step % D, its first
 -- T = min(block_size, length - 1) positions, no padding.  The inputs are
 -- tokens[start : start + T], the targets one further: (start, T).
--- (T comes precomputed from new_state, and the callers slice with sizes
+-- (T comes precomputed from new_model, and the callers slice with sizes
 -- bound by `let`: sizes computed by calling a function, or returned
 -- existentially, made Futhark 0.25.34 fail with internal errors.)
-def window [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (i64, i64) =
+def window [l][n][d] (s: model [l][n][d]) (step: i64): (i64, i64) =
   let doc = step % d
   in (s.offsets[doc], s.windows[doc])
 
 -- | Loss and gradient sources of one document at params (P / C, C).
-def step_sources [p][l][n][d][rows][c][t] (s: state [p][l][n][d]) (params: [rows][c]f32)
+def step_sources [l][n][d][rows][c][t] (s: model [l][n][d]) (params: [rows][c]f32)
                                           (inputs: [t]i32) (targets: [t]i32) =
   let (c3, f, nv, nl) = (3 * c, 4 * c, s.dims.vocab, s.dims.n_layer)
   let (loss, sources) = backward s.dims s.layout s.blocks (flatten params) inputs targets
@@ -104,18 +104,18 @@ def adam_at (a: adam) (step: i64) (ok: bool): update =
   let sc = adam_scalars a step
   in \p g m v -> if ok then adam_update sc p g m v else (p, m, v)
 
--- | Runs up to k steps; returns the new state and the k losses.  A
--- non-finite loss (or gradient) stops the loop without applying that step's update (its
--- loss is reported, the later entries stay NaN), so the state keeps the
--- parameters from before it.  The steps update copies of the buffers in
--- place (update_all): the state passed in stays as it was, so a call that
--- fails leaves it usable.
-def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][d], [k]f32) =
+-- | Runs up to k steps; returns the new weights and the k losses.  A
+-- non-finite loss (or gradient) stops the loop without applying that
+-- step's update (its loss is reported, the later entries stay NaN), so the
+-- weights keep the parameters from before it.  The steps update the
+-- buffers of `w` in place (update_all): `w` is consumed.
+def train_steps [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [p]) (k: i64)
+                             : (weights [p], [k]f32) =
   let c = s.dims.n_embd
   let rows = p / c
   let (params, m, v, step, losses, _) =
     loop (params: *[p]f32, m: *[p]f32, v: *[p]f32, step, losses: *[k]f32, i) =
-         (copy s.params, copy s.m, copy s.v, s.step, replicate k f32.nan, 0)
+         (params, m, v, step, replicate k f32.nan, 0)
     while i < k do
       let (start, t) = window s step
       let (loss, sources) = step_sources s (as_rows rows c params) (s.tokens[start:start + t] :> [t]i32)
@@ -125,49 +125,57 @@ def train_steps [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][
       -- a finite loss with an overflowed gradient is reported as NaN, as NumPy does
       let reported = if ok || !(finite loss) then loss else f32.nan
       in (params, m, v, if ok then step + 1 else step, losses with [i] = reported, if ok then i + 1 else k)
-  in (with_training s params m v step, losses)
+  in ({params, m, v, step}, losses)
 
 -- * Entry points
 --
--- The state is opaque to the host.  Its fields are read back through
--- small getters rather than record projection, which futhark-ffi lacks.
+-- The model and the weights are opaque to the host.  Their fields are
+-- read back through small getters rather than record projection, which
+-- futhark-ffi lacks.
 
-entry new_state [p][l][n][d]
+entry new_model [l][n][d]
     (n_embd: i64) (n_layer: i64) (n_head: i64) (block_size: i64) (vocab: i64)
     (learning_rate: f64) (beta1: f64) (beta2: f64) (eps: f64) (num_steps: i64) (blocks: i64)
-    (layout: [l]i64) (params: [p]f32) (tokens: [n]i32) (offsets: [d]i64) (lengths: [d]i32)
-    : state [p][l][n][d] =
+    (layout: [l]i64) (tokens: [n]i32) (offsets: [d]i64) (lengths: [d]i32)
+    : model [l][n][d] =
   let dims = {n_embd, n_layer, n_head, block_size, vocab}
-  in assert (layout_fits dims p layout)
-            {dims, adam = {learning_rate, beta1, beta2, eps, num_steps}, blocks, layout,
-             params, m = replicate p 0, v = replicate p 0, step = 0, tokens, offsets,
-             windows = map (\length -> i64.min block_size (i64.i32 length - 1)) lengths}
+  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps}, blocks, layout, tokens, offsets,
+      windows = map (\length -> i64.min block_size (i64.i32 length - 1)) lengths}
 
-entry set_training [p][l][n][d] (s: state [p][l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
-                                (step: i64): state [p][l][n][d] =
-  with_training s params m v step
+-- | Weights for the model from host arrays, once the layout is checked to
+-- fit P parameters (the other entries trust it).
+entry new_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
+                               (step: i64): weights [p] =
+  assert (layout_fits s.dims p s.layout) {params, m, v, step}
 
-entry train [p][l][n][d] (s: state [p][l][n][d]) (k: i64): (state [p][l][n][d], [k]f32) =
-  train_steps s k
+-- | A run's first weights: params with zero moments, at step 0.
+entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32): weights [p] =
+  assert (layout_fits s.dims p s.layout) {params, m = replicate p 0, v = replicate p 0, step = 0}
 
-entry get_params [p][l][n][d] (s: state [p][l][n][d]): [p]f32 = s.params
-entry get_m [p][l][n][d] (s: state [p][l][n][d]): [p]f32 = s.m
-entry get_v [p][l][n][d] (s: state [p][l][n][d]): [p]f32 = s.v
-entry get_step [p][l][n][d] (s: state [p][l][n][d]): i64 = s.step
+entry train [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [p]) (k: i64)
+                         : (weights [p], [k]f32) =
+  -- the record's fields, bound one by one: a record passed whole counts as
+  -- self-aliased where train_steps consumes its fields
+  train_steps s {params, m, v, step} k
 
--- | The loss and gradient of training step `step` at the state's
+entry get_params [p] (w: weights [p]): [p]f32 = w.params
+entry get_m [p] (w: weights [p]): [p]f32 = w.m
+entry get_v [p] (w: weights [p]): [p]f32 = w.v
+entry get_step [p] (w: weights [p]): i64 = w.step
+
+-- | The loss and gradient of training step `step` at the weights'
 -- parameters, from `vjp` of model.fut's `loss`: the oracle the tests hold
 -- training's own gradient to (with beta1 = 0, Adam's first moment after a
 -- step is exactly that step's gradient).
-entry grad_vjp [p][l][n][d] (s: state [p][l][n][d]) (step: i64): (f32, [p]f32) =
+entry grad_vjp [p][l][n][d] (s: model [l][n][d]) (w: weights [p]) (step: i64): (f32, [p]f32) =
   let (start, t) = window s step
   let inputs = s.tokens[start:start + t] :> [t]i32
   let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
-  in vjp2 (loss s.dims s.layout inputs targets) s.params 1
+  in vjp2 (loss s.dims s.layout inputs targets) w.params 1
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix: row j holds the block_size - len(prefix) tokens drawn
 -- after the prefix, then bos to the end.
-entry sample [p][l][n][d][np] (s: state [p][l][n][d]) (prefix: [np]i32) (num_samples: i64)
+entry sample [p][l][n][d][np] (s: model [l][n][d]) (w: weights [p]) (prefix: [np]i32) (num_samples: i64)
                               (temperature: f32) (seed: i64) (first: i64): [num_samples][]i32 =
-  sample_tokens s.dims s.layout s.params prefix num_samples temperature seed first
+  sample_tokens s.dims s.layout w.params prefix num_samples temperature seed first

@@ -126,7 +126,7 @@ def layout_fits [l] (d: dims) (p: i64) (layout: [l]i64): bool =
      && (l == 0 || starts[l - 1] + sizes[l - 1] == p)
 
 -- | The (rows, cols) matrix stored row-major at `offset` of the flat buffer:
--- a reshaped slice, so a view rather than a copy.  Unchecked: `new_state`
+-- a reshaped slice, so a view rather than a copy.  Unchecked: `new_weights`
 -- asserts that the layout fits.  (A map over row slices, as `vjp` once
 -- preferred, made Futhark copy every weight row on every step.)
 #[inline]

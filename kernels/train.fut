@@ -186,7 +186,7 @@ def update_rows [p][c][t] (update: update) (first: i64) (n: i64)
 -- parameters and moments into new ones, in place: one sequential pass
 -- that reads and writes each buffer once.  The rows are those of
 -- engine/params.py's layout: wte, wpe, lm_head, then 12 C per layer (wq,
--- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_state
+-- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_weights
 -- checked the layout.
 def update_all [p][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
                                           (params: *[p]f32) (m: *[p]f32) (v: *[p]f32)

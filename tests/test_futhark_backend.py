@@ -9,6 +9,7 @@ cache). (How they are built: test_futhark_build.py.)
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -92,14 +93,14 @@ def test_open_context_sets_the_thread_count(futhark_cpu_builds):
     del one, two
 
 
-def test_state_arguments_carry_the_configs_and_the_corpus(corpus):
+def test_model_arguments_carry_the_configs_and_the_corpus(corpus):
     model, train = TWO_LAYERS, TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3)
-    params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
-    args = fbk.state_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), params, blocks=3)
-    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, blocks, layout, flat, tokens, offsets, lengths) = args
+    args = fbk.model_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), blocks=3)
+    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, blocks, layout, tokens, offsets, lengths) = args
     assert (c, layers, heads, block, vocab) == (16, 2, 2, 8, corpus.vocab_size)
     assert (lr, b1, b2, eps, steps, blocks) == (0.02, 0.8, 0.99, 1e-8, 30, 3)
-    assert flat.dtype == np.float32 and np.array_equal(flat, params)
+    specs = param_specs(model, corpus.vocab_size)
+    assert layout.tolist() == [s.offset for s in specs]
     assert (tokens.dtype, offsets.dtype, lengths.dtype) == (np.int32, np.int64, np.int32)
     bos = corpus.bos
     for doc, off, length in zip(corpus.docs, offsets, lengths):
@@ -111,9 +112,7 @@ def test_kernel_windows_are_the_reference_step_tokens(corpus, block_size):
     """The kernel's step_loss_grad reads document step % D, its first
     T = min(block_size, length - 1) positions: the same tokens as the NumPy backend."""
     model, train = ModelConfig(n_embd=8, n_head=2, block_size=block_size), TrainConfig(num_steps=40)
-    args = fbk.state_arguments(model, train, corpus, param_specs(model, corpus.vocab_size),
-                               init_params(model, corpus.vocab_size, 0, 0.1))
-    tokens, offsets, lengths = args[-3:]
+    tokens, offsets, lengths = fbk.model_arguments(model, train, corpus, param_specs(model, corpus.vocab_size))[-3:]
     for step in range(2 * len(corpus) + 3):
         doc = step % len(offsets)
         t = min(block_size, int(lengths[doc]) - 1)
@@ -170,6 +169,29 @@ def test_50_steps_match_numpy(name, model, names_corpus, futhark_cpu_builds):
         assert state.step == 50
         for field in ("params", "m", "v"):
             np.testing.assert_allclose(getattr(state, field), getattr(ref_state, field), rtol=1e-3, atol=1e-5)
+    finally:
+        backend.close()
+
+
+def peak_context_bytes(backend) -> int:
+    """The most memory the backend's Futhark context has held at once (its report)."""
+    fut = backend._fut
+    report = json.loads(fut.ffi.string(fut.lib.futhark_context_report(fut.ctx)).decode())
+    return sum(report["memory"].values())
+
+
+@pytest.mark.futhark
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_train_updates_the_weights_without_a_copy(name, corpus, futhark_cpu_builds):
+    """train consumes the weights: in all the context never holds much more than
+    the parameters and moments (3 P floats), where a copy per call would double it."""
+    model = ModelConfig(n_embd=64, n_layer=2, n_head=4, block_size=8)
+    backend = open_backend(name, model, TrainConfig(num_steps=10), corpus)
+    try:
+        for k in (1, 3, 1):
+            backend.train(k)
+        weights = 3 * 4 * backend.num_params
+        assert weights < peak_context_bytes(backend) < 1.25 * weights
     finally:
         backend.close()
 
@@ -285,30 +307,39 @@ def test_two_backends_open_in_one_process(corpus, futhark_cpu_builds):
 
 
 @pytest.mark.futhark
-def test_a_run_time_error_is_an_exception_and_keeps_the_state(corpus, futhark_cpu_builds):
+def test_a_failed_train_call_says_the_weights_are_lost_and_set_state_recovers(corpus, futhark_cpu_builds):
+    """train consumes the weights (no copy of them per call): after a failed call
+    the backend refuses what needs them, with the reason, until set_state."""
     model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=20)
     backend = open_backend("futhark-c", model, train, corpus)
     reference = open_backend("numpy", model, train, corpus)
     np.testing.assert_allclose(backend.train(3), reference.train(3), atol=1e-5)
-    # a state whose corpus holds a token id outside the vocabulary: the kernel's
-    # bounds check fails inside `train`
-    args = list(fbk.state_arguments(model, train, corpus, backend.specs, reference.get_state().params))
+    # a model whose corpus holds a token id outside the vocabulary in step 3's
+    # document: the kernel's bounds check fails inside `train`
+    args = list(fbk.model_arguments(model, train, corpus, backend.specs))
     args[-3] = args[-3].copy()
-    args[-3][1] = corpus.vocab_size + 5
-    bad = backend._call("new_state", *args)
-    with pytest.raises(BackendError, match=r"(?i)index|bounds"):
-        backend._values(backend._call("train", bad, 1)[1])
+    args[-3][args[-2][3 % len(corpus)] + 1] = corpus.vocab_size + 5
+    good, backend._model = backend._model, backend._call("new_model", *args)
+    with pytest.raises(BackendError, match=r"(?is)(index|bounds).*at step 3 used them up"):
+        backend.train(1)
+    assert backend.step == 3
+    backend._model = good
+    for use in (backend.get_state, lambda: backend.train(1), lambda: backend.sample(2)):
+        with pytest.raises(BackendError, match="has no weights: a failed train call at step 3"):
+            use()
+    backend.set_state(reference.get_state(), losses=reference.loss_history)
     np.testing.assert_allclose(backend.train(5), reference.train(5), atol=1e-4)
     backend.close()
 
 
 @pytest.mark.futhark
 @pytest.mark.parametrize("change", ["past-the-end", "negative", "too-short"])
-def test_new_state_refuses_a_layout_that_does_not_fit(corpus, change, futhark_cpu_builds):
-    """The kernel reads matrices unchecked, so it checks the layout once, up front."""
+def test_weights_refuse_a_layout_that_does_not_fit(corpus, change, futhark_cpu_builds):
+    """The kernel reads matrices unchecked, so it checks the layout where weights are made."""
     model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=5)
     backend = open_backend("futhark-c", model, train, corpus)
-    args = list(fbk.state_arguments(model, train, corpus, backend.specs, backend.get_state().params))
+    state = backend.get_state()
+    args = list(fbk.model_arguments(model, train, corpus, backend.specs))
     layout = args[11].copy()
     if change == "past-the-end":
         layout[-1] += 1
@@ -317,10 +348,13 @@ def test_new_state_refuses_a_layout_that_does_not_fit(corpus, change, futhark_cp
     else:
         layout = layout[:-1]
     args[11] = layout
+    bad = backend._call("new_model", *args)
     with pytest.raises(BackendError, match=r"(?i)assert"):
-        backend._call("new_state", *args)
+        backend._call("initial_weights", bad, state.params)
+    with pytest.raises(BackendError, match=r"(?i)assert"):
+        backend._call("new_weights", bad, state.params, state.m, state.v, 0)
     args[11] = fbk.layout_offsets(backend.specs, model, corpus.vocab_size)
-    backend._call("new_state", *args)  # the true layout is accepted
+    backend._call("initial_weights", backend._call("new_model", *args), state.params)  # the true layout is accepted
     backend.close()
 
 

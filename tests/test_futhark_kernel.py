@@ -40,18 +40,18 @@ def corpus() -> Corpus:
     return Corpus.from_lines(NAMES)
 
 
-def _state_with_blocks(backend, blocks: int):
-    """A kernel state of backend's model and parameters whose backward
-    products are split into `blocks` parts."""
-    args = fbk.state_arguments(backend.model, backend.train_config, backend.corpus, backend.specs,
-                               backend.get_state().params, blocks=blocks)
-    return backend._call("new_state", *args)
+def _model_with_blocks(backend, blocks: int):
+    """The kernel's model of backend's configuration, with its backward
+    products split into `blocks` parts."""
+    args = fbk.model_arguments(backend.model, backend.train_config, backend.corpus, backend.specs,
+                               blocks=blocks)
+    return backend._call("new_model", *args)
 
 
-def _with_step(backend, state, step: int):
-    """state with backend's parameters and moments at step `step`."""
+def _weights_at(backend, model, step: int):
+    """Kernel weights holding backend's parameters and moments, at step `step`."""
     current = backend.get_state()
-    return backend._call("set_training", state, current.params, current.m, current.v, step)
+    return backend._call("new_weights", model, current.params, current.m, current.v, step)
 
 
 @pytest.mark.parametrize("name", CPU_BACKENDS)
@@ -64,11 +64,12 @@ def test_training_gradient_equals_vjp_and_numpy(name, model_name, corpus):
         backend.train(5)  # away from the initial parameters, with Adam moments
         for blocks in (1, 2):
             for step in STEPS:
-                state = _with_step(backend, _state_with_blocks(backend, blocks), step)
-                params = backend._values(backend._call("get_params", state))
-                vjp_loss, vjp_grad = backend._call("grad_vjp", state, step)
-                state, losses = backend._call("train", state, 1)
-                train_grad = backend._values(backend._call("get_m", state))
+                kernel_model = _model_with_blocks(backend, blocks)
+                weights = _weights_at(backend, kernel_model, step)
+                params = backend._values(backend._call("get_params", weights))
+                vjp_loss, vjp_grad = backend._call("grad_vjp", kernel_model, weights, step)
+                weights, losses = backend._call("train", kernel_model, weights, 1)
+                train_grad = backend._values(backend._call("get_m", weights))
                 numpy_grad = np.zeros_like(params)
                 inputs, targets = corpus.step_tokens(step, model.block_size)
                 numpy_loss = loss_and_grad(Weights(params, backend.specs, model),
@@ -89,9 +90,11 @@ def test_training_with_parallel_parts_matches_numpy(blocks, corpus):
     backend = open_backend("futhark-c", model, train, corpus)
     reference = open_backend("numpy", model, train, corpus)
     try:
-        state, losses = backend._call("train", _state_with_blocks(backend, blocks), 12)
+        kernel_model = _model_with_blocks(backend, blocks)
+        weights = backend._call("initial_weights", kernel_model, backend.get_state().params)
+        weights, losses = backend._call("train", kernel_model, weights, 12)
         np.testing.assert_allclose(backend._values(losses), reference.train(12), rtol=0, atol=1e-4)
-        np.testing.assert_allclose(backend._values(backend._call("get_params", state)),
+        np.testing.assert_allclose(backend._values(backend._call("get_params", weights)),
                                    reference.get_state().params, rtol=1e-3, atol=1e-5)
     finally:
         backend.close()

@@ -1,11 +1,15 @@
 """The Futhark backends: kernels/microgpt.fut compiled to sequential C,
 multicore C, CUDA or OpenCL, driven through futhark-ffi.
 
-The training state (parameters, Adam moments, step and the corpus, uploaded
-once) lives in the Futhark context as one opaque value between calls; every
-entry point returns a new state, so a failed call leaves the previous one
-intact. This module only marshals: the data's shape comes from engine.data,
-the parameter layout from engine.params.
+Two opaque values live in the Futhark context between calls: the model
+(dimensions, Adam's settings and the corpus, uploaded once) and the
+weights (parameters, Adam moments and step). `train` consumes the weights
+and updates their buffers in place: copying them, so that a failed call
+would leave them intact, cost 60-90 ms a call at gpt2-small (README
+"Performance"). A failed train call therefore loses the weights; the
+backend says so, refuses what needs them, and set_state (a checkpoint, or
+a reset) gives it new ones. This module only marshals: the data's shape
+comes from engine.data, the parameter layout from engine.params.
 """
 from __future__ import annotations
 
@@ -66,9 +70,9 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
     return np.array([s.offset for s in specs], dtype=np.int64)
 
 
-def state_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
-                    params: np.ndarray, blocks: int = 1) -> tuple:
-    """The arguments of the kernel's `new_state` entry point, in order. `blocks`:
+def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
+                    blocks: int = 1) -> tuple:
+    """The arguments of the kernel's `new_model` entry point, in order. `blocks`:
     how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C."""
     arrays = corpus.arrays
     return (
@@ -76,7 +80,6 @@ def state_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
         float(train.learning_rate), float(train.beta1), float(train.beta2), float(train.eps),
         train.num_steps, blocks,
         layout_offsets(specs, model, corpus.vocab_size),
-        np.ascontiguousarray(params, dtype=np.float32),
         np.ascontiguousarray(arrays.tokens, dtype=np.int32),
         np.ascontiguousarray(arrays.offsets, dtype=np.int64),
         np.ascontiguousarray(arrays.lengths, dtype=np.int32),
@@ -89,8 +92,10 @@ class FutharkBackend(Backend):
 
     def _setup(self, params: np.ndarray) -> None:
         self._fut = open_context(self.library_target(), self.threads())
-        self._state = self._call("new_state", *state_arguments(
-            self.model, self.train_config, self.corpus, self.specs, params, self.blocks()))
+        self._model = self._call("new_model", *model_arguments(
+            self.model, self.train_config, self.corpus, self.specs, self.blocks()))
+        self._lost = ""  # why the weights are gone (a failed train call consumed them)
+        self._weights = self._call("initial_weights", self._model, np.ascontiguousarray(params, np.float32))
 
     def blocks(self) -> int:
         """How the kernel runs its products (GPU_BLOCKS' comment)."""
@@ -118,10 +123,21 @@ class FutharkBackend(Backend):
         except ValueError as exc:
             raise BackendError(f"Futhark ({self.target}) failed: {str(exc).strip()}") from None
 
+    def _current_weights(self):
+        if self._weights is None:
+            raise BackendError(f"Futhark ({self.target}) has no weights: {self._lost}")
+        return self._weights
+
     def _train_steps(self, k: int) -> np.ndarray:
-        state, losses = self._call("train", self._state, k)
-        losses = self._values(losses)  # syncs: errors of the steps surface here
-        self._state = state
+        weights, self._weights = self._current_weights(), None  # consumed by the call, whatever happens
+        try:
+            weights, losses = self._call("train", self._model, weights, k)
+            losses = self._values(losses)  # syncs: errors of the steps surface here
+        except BackendError as exc:
+            self._lost = (f"a failed train call at step {self.step} used them up "
+                          f"(load a checkpoint or reset to go on)")
+            raise BackendError(f"{exc}; {self._lost}") from None
+        self._weights = weights
         return losses_until_divergence(losses)
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
@@ -136,23 +152,23 @@ class FutharkBackend(Backend):
             if cancel is not None and cancel():
                 raise Cancelled("sampling was cancelled")
             count = min(batch, num_samples - first)
-            rows = self._values(self._call("sample", self._state, start, count, temperature,
-                                           seed % 2**63, first))
+            rows = self._values(self._call("sample", self._model, self._current_weights(), start, count,
+                                           temperature, seed % 2**63, first))
             samples += sample_rows_to_ids(rows, self.corpus.bos)
         return samples
 
     def _get_state(self) -> TrainState:
-        params, m, v = (self._values(self._call(getter, self._state))
-                        for getter in ("get_params", "get_m", "get_v"))
-        return TrainState(params, m, v, int(self._call("get_step", self._state)))
+        weights = self._current_weights()
+        params, m, v = (self._values(self._call(getter, weights)) for getter in ("get_params", "get_m", "get_v"))
+        return TrainState(params, m, v, int(self._call("get_step", weights)))
 
     def _set_state(self, state: TrainState) -> None:
-        self._state = self._call("set_training", self._state, state.params, state.m, state.v,
-                                 int(state.step))
+        self._weights = self._call("new_weights", self._model, state.params, state.m, state.v, int(state.step))
+        self._lost = ""
 
     def close(self) -> None:
         # Values hold a reference to their context, so dropping both frees them in order.
-        self._state = None
+        self._model = self._weights = None
         self._fut = None
 
 
@@ -197,7 +213,7 @@ def open_context(target: str, num_threads: int | None = None):
 
 class FutharkCBackend(FutharkBackend):
     name, target = "futhark-c", "c"
-    host_buffers = 6  # the state's parameters and moments, and a train call's copies of them
+    host_buffers = 6  # the weights' parameters and moments, and get_state's copies of them
 
 
 # Below this many parameters the multicore backend runs on one thread: from

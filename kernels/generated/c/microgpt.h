@@ -66,7 +66,8 @@ const int64_t *futhark_shape_i64_1d(struct futhark_context *ctx, struct futhark_
 // Opaque values
 struct futhark_opaque_adam;
 struct futhark_opaque_dims;
-struct futhark_opaque_state;
+struct futhark_opaque_model;
+struct futhark_opaque_weights;
 int futhark_free_opaque_adam(struct futhark_context *ctx, struct futhark_opaque_adam *obj);
 int futhark_store_opaque_adam(struct futhark_context *ctx, const struct futhark_opaque_adam *obj, void **p, size_t *n);
 struct futhark_opaque_adam *futhark_restore_opaque_adam(struct futhark_context *ctx, const void *p);
@@ -85,32 +86,37 @@ int futhark_project_opaque_dims_n_head(struct futhark_context *ctx, int64_t *out
 int futhark_project_opaque_dims_n_layer(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_dims *obj);
 int futhark_project_opaque_dims_vocab(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_dims *obj);
 int futhark_new_opaque_dims(struct futhark_context *ctx, struct futhark_opaque_dims **out, const int64_t f_block_sizze, const int64_t f_n_embd, const int64_t f_n_head, const int64_t f_n_layer, const int64_t f_vocab);
-int futhark_free_opaque_state(struct futhark_context *ctx, struct futhark_opaque_state *obj);
-int futhark_store_opaque_state(struct futhark_context *ctx, const struct futhark_opaque_state *obj, void **p, size_t *n);
-struct futhark_opaque_state *futhark_restore_opaque_state(struct futhark_context *ctx, const void *p);
-int futhark_project_opaque_state_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_blocks(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_dims(struct futhark_context *ctx, struct futhark_opaque_dims **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_layout(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_m(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_offsets(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_params(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_step(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_tokens(struct futhark_context *ctx, struct futhark_i32_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_v(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_state *obj);
-int futhark_project_opaque_state_windows(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_state *obj);
-int futhark_new_opaque_state(struct futhark_context *ctx, struct futhark_opaque_state **out, const struct futhark_opaque_adam *f_adam, const int64_t f_blocks, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_f32_1d *f_m, const struct futhark_i64_1d *f_offsets, const struct futhark_f32_1d *f_params, const int64_t f_step, const struct futhark_i32_1d *f_tokens, const struct futhark_f32_1d *f_v, const struct futhark_i64_1d *f_windows);
+int futhark_free_opaque_model(struct futhark_context *ctx, struct futhark_opaque_model *obj);
+int futhark_store_opaque_model(struct futhark_context *ctx, const struct futhark_opaque_model *obj, void **p, size_t *n);
+struct futhark_opaque_model *futhark_restore_opaque_model(struct futhark_context *ctx, const void *p);
+int futhark_project_opaque_model_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_blocks(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_dims(struct futhark_context *ctx, struct futhark_opaque_dims **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_layout(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_offsets(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_tokens(struct futhark_context *ctx, struct futhark_i32_1d **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_windows(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
+int futhark_new_opaque_model(struct futhark_context *ctx, struct futhark_opaque_model **out, const struct futhark_opaque_adam *f_adam, const int64_t f_blocks, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_i64_1d *f_offsets, const struct futhark_i32_1d *f_tokens, const struct futhark_i64_1d *f_windows);
+int futhark_free_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights *obj);
+int futhark_store_opaque_weights(struct futhark_context *ctx, const struct futhark_opaque_weights *obj, void **p, size_t *n);
+struct futhark_opaque_weights *futhark_restore_opaque_weights(struct futhark_context *ctx, const void *p);
+int futhark_project_opaque_weights_m(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_weights *obj);
+int futhark_project_opaque_weights_params(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_weights *obj);
+int futhark_project_opaque_weights_step(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_weights *obj);
+int futhark_project_opaque_weights_v(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_weights *obj);
+int futhark_new_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out, const struct futhark_f32_1d *f_m, const struct futhark_f32_1d *f_params, const int64_t f_step, const struct futhark_f32_1d *f_v);
 
 // Entry points
-int futhark_entry_get_m(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_state *in0);
-int futhark_entry_get_params(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_state *in0);
-int futhark_entry_get_step(struct futhark_context *ctx, int64_t *out0, const struct futhark_opaque_state *in0);
-int futhark_entry_get_v(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_state *in0);
-int futhark_entry_grad_vjp(struct futhark_context *ctx, float *out0, struct futhark_f32_1d **out1, const struct futhark_opaque_state *in0, const int64_t in1);
-int futhark_entry_new_state(struct futhark_context *ctx, struct futhark_opaque_state **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const struct futhark_i64_1d *in11, const struct futhark_f32_1d *in12, const struct futhark_i32_1d *in13, const struct futhark_i64_1d *in14, const struct futhark_i32_1d *in15);
-int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_state *in0, const struct futhark_i32_1d *in1, const int64_t in2, const float in3, const int64_t in4, const int64_t in5);
-int futhark_entry_set_training(struct futhark_context *ctx, struct futhark_opaque_state **out0, const struct futhark_opaque_state *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
-int futhark_entry_train(struct futhark_context *ctx, struct futhark_opaque_state **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_state *in0, const int64_t in1);
+int futhark_entry_get_m(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
+int futhark_entry_get_params(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
+int futhark_entry_get_step(struct futhark_context *ctx, int64_t *out0, const struct futhark_opaque_weights *in0);
+int futhark_entry_get_v(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
+int futhark_entry_grad_vjp(struct futhark_context *ctx, float *out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
+int futhark_entry_initial_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1);
+int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_model **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const struct futhark_i64_1d *in11, const struct futhark_i32_1d *in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14);
+int futhark_entry_new_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
+int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_1d *in2, const int64_t in3, const float in4, const int64_t in5, const int64_t in6);
+int futhark_entry_train(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 
 // Miscellaneous
 int futhark_context_sync(struct futhark_context *ctx);
