@@ -5,7 +5,7 @@ Two opaque values live in the Futhark context between calls: the model
 (dimensions, Adam's settings and the corpus, uploaded once) and the
 weights (parameters, Adam moments and step). `train` consumes the weights
 and updates their buffers in place: copying them, so that a failed call
-would leave them intact, cost 60-90 ms a call at gpt2-small (README
+would leave them intact, cost about 70 ms a call at gpt2-small (README
 "Performance"). A failed train call therefore loses the weights; the
 backend says so, refuses what needs them, and set_state (a checkpoint, or
 a reset) gives it new ones. This module only marshals: the data's shape
