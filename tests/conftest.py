@@ -16,7 +16,7 @@ from engine import Corpus, ModelConfig, TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-pytest_plugins = ["futhark_support"]  # the Futhark tests' fixtures
+pytest_plugins = ["futhark_support", "checkpoint_support"]  # the Futhark and checkpoint tests' fixtures
 
 
 def find_names_txt() -> Path:
