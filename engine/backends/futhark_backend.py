@@ -130,14 +130,13 @@ class FutharkBackend(Backend):
 
     def _train_steps(self, k: int) -> np.ndarray:
         weights, self._weights = self._current_weights(), None  # consumed by the call, whatever happens
+        self._lost = f"a failed train call at step {self.step} used them up (load a checkpoint or reset to go on)"
         try:
             weights, losses = self._call("train", self._model, weights, k)
             losses = self._values(losses)  # syncs: errors of the steps surface here
         except BackendError as exc:
-            self._lost = (f"a failed train call at step {self.step} used them up "
-                          f"(load a checkpoint or reset to go on)")
             raise BackendError(f"{exc}; {self._lost}") from None
-        self._weights = weights
+        self._weights, self._lost = weights, ""
         return losses_until_divergence(losses)
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
@@ -169,6 +168,7 @@ class FutharkBackend(Backend):
     def close(self) -> None:
         # Values hold a reference to their context, so dropping both frees them in order.
         self._model = self._weights = None
+        self._lost = "the backend was closed"
         self._fut = None
 
 
