@@ -53,8 +53,10 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
 -- place, four rows of w per pass over the sums (rows past O get a zero
 -- coefficient): w is read once, contiguously, and the sums stay in cache.
 -- A sum over each column of w instead would read it with a stride of I.
--- In parallel each position's sums are split into `blocks` column parts,
--- T * blocks independent tasks (blocks = 0, a GPU: one per column).
+-- The multicore backend splits the columns into `blocks` parts, one task
+-- each for all T positions, so that w is still read once (a task per
+-- position and part read it T times, and two threads were slower than
+-- one); a GPU (blocks = 0) runs a thread per position and column.
 -- Inlined: called as a function, it read a weight matrix of the flat
 -- buffer from the buffer's start (wrong gradients with Futhark 0.25.34).
 #[inline]
@@ -71,15 +73,23 @@ def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f
        loop acc = replicate t (replicate i 0f32) for q < quads do
          loop acc for s < t do
            loop acc for j < i do acc with [s, j] = acc[s, j] + quad s q j
-     else
-       let nb = if blocks == 0 then i else if i % blocks == 0 then blocks else 1
-       let bw = i / nb
-       let parts = map (\p -> let (s, j0) = (p / nb, (p % nb) * bw)
+     else if blocks > 1 then
+       -- one task per block of columns, for all T positions: w is read once
+       let bw = (i + blocks - 1) / blocks
+       let parts = map (\b -> let j0 = b * bw
+                              let width = i64.min bw (i - j0)
                               in #[unsafe]
-                                 loop acc = replicate bw 0f32 for q < quads do
-                                   loop acc for j < bw do acc with [j] = acc[j] + quad s q (j0 + j))
-                       (iota (t * nb))
-       in tabulate_2d t i (\s j -> #[unsafe] parts[s * nb + j / bw, j % bw])
+                                 loop acc = replicate t (replicate bw 0f32) for q < quads do
+                                   loop acc for s < t do
+                                     loop acc for j < width do acc with [s, j] = acc[s, j] + quad s q (j0 + j))
+                       (iota blocks)
+       in tabulate_2d t i (\s j -> #[unsafe] parts[j / bw, s, j % bw])
+     else
+       -- a GPU: one thread per position and column
+       let parts = map (\p -> let (s, j) = (p / i, p % i)
+                              in #[unsafe] loop acc = 0f32 for q < quads do acc + quad s q j)
+                       (iota (t * i))
+       in unflatten (parts :> [t * i]f32)
 
 def relu (x: f32): f32 = f32.max x 0
 
