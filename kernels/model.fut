@@ -89,7 +89,7 @@ def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f
        let parts = map (\p -> let (s, j) = (p / i, p % i)
                               in #[unsafe] loop acc = 0f32 for q < quads do acc + quad s q j)
                        (iota (t * i))
-       in unflatten (parts :> [t * i]f32)
+       in tabulate_2d t i (\s j -> #[unsafe] parts[s * i + j])
 
 def relu (x: f32): f32 = f32.max x 0
 
