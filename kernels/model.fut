@@ -85,7 +85,8 @@ def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f
                        (iota blocks)
        in tabulate_2d t i (\s j -> #[unsafe] parts[j / bw, s, j % bw])
      else
-       -- a GPU: one thread per position and column
+       -- a GPU: one thread per position and column (indexed: `unflatten parts`
+       -- made the sequential C build 20-30% slower at tiny and s32)
        let parts = map (\p -> let (s, j) = (p / i, p % i)
                               in #[unsafe] loop acc = 0f32 for q < quads do acc + quad s q j)
                        (iota (t * i))

@@ -6390,184 +6390,184 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:240:20-23
+    // model.fut:241:20-23
     
     int64_t tmp_47989 = mul64((int64_t) 3, dims_39744);
     
-    // model.fut:240:27-30
+    // model.fut:241:27-30
     
     int64_t tmp_47990 = mul64((int64_t) 4, dims_39744);
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     bool y_47991 = slt64((int64_t) 0, l_39733);
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     bool index_certs_47992;
     
     if (!y_47991) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:161:16-25\n   #1  model.fut:241:29-57\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:16-25\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_47994 = mul64(dims_39744, dims_39747);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_47996 = sle64((int64_t) 0, dims_39747);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_y_47997 = sle64((int64_t) 0, dims_39744);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_y_47998 = binop_x_47996 && binop_y_47997;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_48000;
     
     if (!binop_y_47998) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_47994, "] to array of shape [", (long long) dims_39747, "][", (long long) dims_39744, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:161:4-29\n   #2  model.fut:241:29-57\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_47994, "] to array of shape [", (long long) dims_39747, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  model.fut:242:29-57\n   #3  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     bool y_48001 = slt64((int64_t) 1, l_39733);
     
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     bool index_certs_48002;
     
     if (!y_48001) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:161:43-52\n   #1  model.fut:241:29-57\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:43-52\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48004 = mul64(dims_39743, dims_39744);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_48006 = sle64((int64_t) 0, dims_39743);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_48008;
     
     if (!binop_x_48006) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48004, "] to array of shape [", (long long) dims_39743, "][", (long long) dims_39744, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:161:31-56\n   #2  model.fut:241:29-57\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48004, "] to array of shape [", (long long) dims_39743, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  model.fut:242:29-57\n   #3  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     bool y_48009 = slt64((int64_t) 2, l_39733);
     
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     bool index_certs_48010;
     
     if (!y_48009) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:161:70-79\n   #1  model.fut:241:29-57\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:70-79\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
     
     bool loop_nonempty_48013 = slt64((int64_t) 0, dims_39746);
     
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48014 = mul64(dims_39744, tmp_47989);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_48016 = sle64((int64_t) 0, tmp_47989);
     bool loop_not_taken_48018 = !loop_nonempty_48013;
     bool protect_assert_disj_48019 = binop_x_48016 || loop_not_taken_48018;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_48020;
     
     if (!protect_assert_disj_48019) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48014, "] to array of shape [", (long long) tmp_47989, "][", (long long) dims_39744, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:154:14-37\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48014, "] to array of shape [", (long long) tmp_47989, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48021 = mul64(dims_39744, dims_39744);
     
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48025 = mul64(dims_39744, tmp_47990);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_48027 = sle64((int64_t) 0, tmp_47990);
     bool protect_assert_disj_48029 = loop_not_taken_48018 || binop_x_48027;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_48030;
     
     if (!protect_assert_disj_48029) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48025, "] to array of shape [", (long long) tmp_47990, "][", (long long) dims_39744, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:155:13-35\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48025, "] to array of shape [", (long long) tmp_47990, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:156:13-35\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:202:13-21
+    // model.fut:203:13-21
     
     bool zzero_58953 = dims_39745 == (int64_t) 0;
     
-    // model.fut:202:13-21
+    // model.fut:203:13-21
     
     bool nonzzero_58954 = !zzero_58953;
     bool protect_assert_disj_59221 = loop_not_taken_48018 || nonzzero_58954;
     
-    // model.fut:202:13-21
+    // model.fut:203:13-21
     
     bool nonzzero_cert_58955;
     
     if (!protect_assert_disj_59221) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:202:13-21\n   #1  model.fut:244:14-67\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:203:13-21\n   #1  model.fut:245:14-67\n   #2  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:202:13-21
+    // model.fut:203:13-21
     
     int64_t d_58956 = sdiv_safe64(dims_39744, dims_39745);
     
-    // model.fut:216:43-54
+    // model.fut:217:43-54
     
     bool bounds_invalid_upwards_59018 = slt64(dims_39745, (int64_t) 0);
     
-    // model.fut:216:43-54
+    // model.fut:217:43-54
     
     bool valid_59019 = !bounds_invalid_upwards_59018;
     bool protect_assert_disj_59223 = loop_not_taken_48018 || valid_59019;
     
-    // model.fut:216:43-54
+    // model.fut:217:43-54
     
     bool range_valid_c_59020;
     
     if (!protect_assert_disj_59223) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_39745, " is invalid.", "-> #0  model.fut:216:43-54\n   #1  model.fut:244:14-67\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_39745, " is invalid.", "-> #0  model.fut:217:43-54\n   #1  model.fut:245:14-67\n   #2  microgpt.fut:174:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:224:34-227:42
+    // model.fut:225:34-228:42
     
     int64_t binop_x_81881 = (int64_t) 4 * tmp_47956;
     
-    // model.fut:224:34-227:42
+    // model.fut:225:34-228:42
     
     int64_t bytes_81882 = dims_39744 * binop_x_81881;
     int64_t binop_x_81908 = (int64_t) 4 * dims_39746;
@@ -6586,19 +6586,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     
     int64_t bytes_81961 = tmp_47989 * binop_x_81881;
     
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     
     int64_t binop_x_81979 = (int64_t) 4 * dims_39745;
     
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     
     int64_t binop_x_81980 = tmp_47956 * binop_x_81979;
     
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     
     int64_t bytes_81981 = d_58956 * binop_x_81980;
     
-    // model.fut:200:71-211:97
+    // model.fut:201:71-212:97
     
     int64_t bytes_81990 = tmp_47956 * binop_x_81881;
     
@@ -6614,7 +6614,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     
     int64_t bytes_82125 = tmp_47956 * binop_x_82124;
     
-    // model.fut:192:26-197:33
+    // model.fut:193:26-198:33
     
     int64_t bytes_82144 = tmp_47990 * binop_x_81881;
     
@@ -6635,103 +6635,103 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     int64_t binop_x_82805 = (int64_t) 4 * dims_39743;
     int64_t bytes_82806 = dims_39744 * binop_x_82805;
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     int64_t matrix_arg1_47993 = ((int64_t *) layout_mem_81874.mem)[(int64_t) 0];
     
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     int64_t matrix_arg1_48003 = ((int64_t *) layout_mem_81874.mem)[(int64_t) 1];
     
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     int64_t matrix_arg1_48011 = ((int64_t *) layout_mem_81874.mem)[(int64_t) 2];
     
-    // model.fut:245:64-73
+    // model.fut:246:64-73
     
     float i64_res_48033 = sitofp_i64_f32(tmp_47956);
     
-    // model.fut:98:49-58
+    // model.fut:99:49-58
     
     float i64_res_58854 = sitofp_i64_f32(dims_39744);
     
-    // model.fut:203:38-47
+    // model.fut:204:38-47
     
     double i64_res_58957 = sitofp_i64_f64(d_58956);
     
-    // model.fut:203:28-47
+    // model.fut:204:28-47
     
     double sqrt_res_58958 = futrts_sqrt64(i64_res_58957);
     
-    // model.fut:203:26-48
+    // model.fut:204:26-48
     
     double f64_arg0_58959 = 1.0 / sqrt_res_58958;
     
-    // model.fut:203:15-48
+    // model.fut:204:15-48
     
     float f64_res_58960 = fpconv_f64_f32(f64_arg0_58959);
     
-    // model.fut:207:46-49
+    // model.fut:208:46-49
     
     int64_t tmp_59015 = mul64((int64_t) 2, dims_39744);
     
-    // model.fut:224:34-227:42
+    // model.fut:225:34-228:42
     if (memblock_alloc(ctx, &mem_81883, bytes_81882, "mem_81883")) {
         err = 1;
         goto cleanup;
     }
-    // model.fut:98:17-45
+    // model.fut:99:17-45
     if (mem_81889_cached_sizze_84668 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_81889, &mem_81889_cached_sizze_84668, tmp_47990);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:227:23-36
+    // model.fut:228:23-36
     if (mem_81897_cached_sizze_84669 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_81897, &mem_81897_cached_sizze_84669, tmp_47990);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:224:34-227:42
+    // model.fut:225:34-228:42
     for (int64_t i_81111 = 0; i_81111 < tmp_47956; i_81111++) {
         int64_t index_primexp_81873 = tmp_47955 + i_81111;
         int32_t eta_p_59312 = ((int32_t *) tokens_mem_81876.mem)[index_primexp_81873];
         
-        // model.fut:225:55-63
+        // model.fut:226:55-63
         
         bool y_59315 = slt64(i_81111, dims_39743);
         
-        // model.fut:225:55-63
+        // model.fut:226:55-63
         
         bool index_certs_59317;
         
         if (!y_59315) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81111, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:225:55-63\n   #1  model.fut:242:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81111, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:226:55-63\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:225:42-53
+        // model.fut:226:42-53
         
         int64_t i32_res_59319 = sext_i32_i64(eta_p_59312);
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool y_59321 = slt64(i32_res_59319, dims_39747);
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool x_59320 = sle64((int64_t) 0, i32_res_59319);
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool bounds_check_59322 = x_59320 && y_59321;
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool index_certs_59323;
         
         if (!bounds_check_59322) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:225:38-54\n   #1  model.fut:242:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:226:38-54\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -6739,7 +6739,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         int64_t binop_x_81868 = dims_39744 * i32_res_59319;
         int64_t binop_x_81865 = dims_39744 * i_81111;
         
-        // model.fut:98:17-45
+        // model.fut:99:17-45
         
         float defunc_res_80006;
         float redout_81101 = 0.0F;
@@ -6752,15 +6752,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             int64_t index_primexp_81867 = matrix_arg1_48003 + binop_y_81866;
             float eta_p_59361 = ((float *) params_mem_81879.mem)[index_primexp_81867];
             
-            // model.fut:225:34-37
+            // model.fut:226:34-37
             
             float defunc_0_f_res_59362 = eta_p_59360 + eta_p_59361;
             
-            // model.fut:98:39-42
+            // model.fut:99:39-42
             
             float lifted_lambda_res_59364 = defunc_0_f_res_59362 * defunc_0_f_res_59362;
             
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float zp_res_59338 = lifted_lambda_res_59364 + redout_81101;
             
@@ -6771,27 +6771,27 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             redout_81101 = redout_tmp_84303;
         }
         defunc_res_80006 = redout_81101;
-        // model.fut:98:47-58
+        // model.fut:99:47-58
         
         float zp_lhs_59339 = defunc_res_80006 / i64_res_58854;
         
-        // model.fut:98:59-65
+        // model.fut:99:59-65
         
         float sqrt_arg0_59340 = 1.0e-5F + zp_lhs_59339;
         
-        // model.fut:98:7-65
+        // model.fut:99:7-65
         
         float sqrt_res_59341 = futrts_sqrt32(sqrt_arg0_59340);
         
-        // model.fut:98:5-66
+        // model.fut:99:5-66
         
         float rms_scale_res_59342 = 1.0F / sqrt_res_59341;
         
-        // model.fut:227:23-36
+        // model.fut:228:23-36
         for (int64_t i_81107 = 0; i_81107 < dims_39744; i_81107++) {
             float eta_p_59345 = ((float *) mem_81889)[i_81107];
             
-            // model.fut:227:27-32
+            // model.fut:228:27-32
             
             float lifted_lambda_res_59346 = rms_scale_res_59342 * eta_p_59345;
             
@@ -6804,21 +6804,21 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:243:11-244:70
+    // model.fut:244:11-245:70
     
     int64_t lmad_arg_81921 = dims_39744 * tmp_47956;
     
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     
     int64_t lmad_arg_81988 = tmp_47956 * d_58956;
     
-    // model.fut:200:74-205:47
+    // model.fut:201:74-206:47
     if (mem_81924_cached_sizze_84671 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_81924, &mem_81924_cached_sizze_84671, bytes_81882);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:205:28-41
+    // model.fut:206:28-41
     if (mem_81930_cached_sizze_84672 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_81930, &mem_81930_cached_sizze_84672, tmp_47990);
         if (err != FUTHARK_SUCCESS)
@@ -6836,31 +6836,31 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     if (mem_81982_cached_sizze_84675 < bytes_81981) {
         err = lexical_realloc(ctx, &mem_81982, &mem_81982_cached_sizze_84675, bytes_81981);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:200:71-211:97
+    // model.fut:201:71-212:97
     if (mem_81991_cached_sizze_84676 < bytes_81990) {
         err = lexical_realloc(ctx, &mem_81991, &mem_81991_cached_sizze_84676, bytes_81990);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:167:16-168:31
+    // model.fut:168:16-169:31
     if (mem_81997_cached_sizze_84677 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_81997, &mem_81997_cached_sizze_84677, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:169:11-170:20
+    // model.fut:170:11-171:20
     if (mem_82005_cached_sizze_84678 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82005, &mem_82005_cached_sizze_84678, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:179:3-60
+    // model.fut:180:3-60
     if (mem_82050_cached_sizze_84679 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82050, &mem_82050_cached_sizze_84679, bytes_81882);
         if (err != FUTHARK_SUCCESS)
@@ -6872,13 +6872,13 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:61-195:48
+    // model.fut:193:61-196:48
     if (mem_82088_cached_sizze_84681 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82088, &mem_82088_cached_sizze_84681, bytes_81882);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:61-195:48
+    // model.fut:193:61-196:48
     if (mem_82091_cached_sizze_84682 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82091, &mem_82091_cached_sizze_84682, bytes_81882);
         if (err != FUTHARK_SUCCESS)
@@ -6890,7 +6890,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:26-197:33
+    // model.fut:193:26-198:33
     if (mem_82145_cached_sizze_84684 < bytes_82144) {
         err = lexical_realloc(ctx, &mem_82145, &mem_82145_cached_sizze_84684, bytes_82144);
         if (err != FUTHARK_SUCCESS)
@@ -6902,121 +6902,121 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:243:11-244:70
+    // model.fut:244:11-245:70
     if (memblock_set(ctx, &mem_param_81915, &mem_81883, "mem_81883") != 0)
         return 1;
     for (int64_t l_48046 = 0; l_48046 < dims_39746; l_48046++) {
-        // model.fut:153:27-30
+        // model.fut:154:27-30
         
         int64_t zp_rhs_48048 = mul64((int64_t) 6, l_48046);
         
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_48049 = add64((int64_t) 3, zp_rhs_48048);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_48050 = sle64((int64_t) 0, tmp_48049);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_48051 = slt64(tmp_48049, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_48052 = x_48050 && y_48051;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_48053;
         
         if (!bounds_check_48052) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48049, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:30-31\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48049, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_48057 = add64((int64_t) 6, zp_rhs_48048);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_48058 = sle64((int64_t) 0, tmp_48057);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_48059 = slt64(tmp_48057, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_48060 = x_48058 && y_48059;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_48061;
         
         if (!bounds_check_48060) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48057, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:60-61\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48057, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_48065 = add64((int64_t) 7, zp_rhs_48048);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_48066 = sle64((int64_t) 0, tmp_48065);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_48067 = slt64(tmp_48065, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_48068 = x_48066 && y_48067;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_48069;
         
         if (!bounds_check_48068) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48065, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:29-30\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48065, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_48073 = add64((int64_t) 8, zp_rhs_48048);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_48074 = sle64((int64_t) 0, tmp_48073);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_48075 = slt64(tmp_48073, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_48076 = x_48074 && y_48075;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_48077;
         
         if (!bounds_check_48076) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48073, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:59-60\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48073, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_48054 = ((int64_t *) layout_mem_81874.mem)[tmp_48049];
         
-        // model.fut:200:74-205:47
+        // model.fut:201:74-206:47
         for (int64_t i_81121 = 0; i_81121 < tmp_47956; i_81121++) {
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float defunc_res_80011;
             float redout_81113 = 0.0F;
@@ -7024,11 +7024,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             for (int64_t i_81114 = 0; i_81114 < dims_39744; i_81114++) {
                 float eta_p_59540 = ((float *) mem_param_81915.mem)[i_81121 * dims_39744 + i_81114];
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_59541 = eta_p_59540 * eta_p_59540;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_59498 = lifted_lambda_res_59541 + redout_81113;
                 float redout_tmp_84310 = zp_res_59498;
@@ -7036,27 +7036,27 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 redout_81113 = redout_tmp_84310;
             }
             defunc_res_80011 = redout_81113;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_59499 = defunc_res_80011 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_59500 = 1.0e-5F + zp_lhs_59499;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_59501 = futrts_sqrt32(sqrt_arg0_59500);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_59502 = 1.0F / sqrt_res_59501;
             
-            // model.fut:205:28-41
+            // model.fut:206:28-41
             for (int64_t i_81117 = 0; i_81117 < dims_39744; i_81117++) {
                 float eta_p_59505 = ((float *) mem_param_81915.mem)[i_81121 * dims_39744 + i_81117];
                 
-                // model.fut:205:32-37
+                // model.fut:206:32-37
                 
                 float lifted_lambda_res_59506 = rms_scale_res_59502 * eta_p_59505;
                 
@@ -7096,7 +7096,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_81943)[i_81131 * tmp_47956 + i_81127] = defunc_res_80013;
             }
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_48062 = ((int64_t *) layout_mem_81874.mem)[tmp_48057];
         
@@ -7111,19 +7111,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_81962)[i_81139 * tmp_47989 + i_81135] = lifted_lambda_res_59010;
             }
         }
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         for (int64_t i_81173 = 0; i_81173 < dims_39745; i_81173++) {
-            // model.fut:175:33-36
+            // model.fut:176:33-36
             
             int64_t tmp_59026 = mul64(d_58956, i_81173);
             
-            // model.fut:244:14-67
+            // model.fut:245:14-67
             
             int64_t slice_59028 = dims_39744 + tmp_59026;
             
-            // model.fut:200:71-211:97
+            // model.fut:201:71-212:97
             for (int64_t i_81159 = 0; i_81159 < tmp_47956; i_81159++) {
-                // model.fut:167:16-168:31
+                // model.fut:168:16-169:31
                 
                 float defunc_0_reduce_res_80017;
                 float redout_81144 = -INFINITY;
@@ -7152,15 +7152,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                         redout_81141 = redout_tmp_84321;
                     }
                     defunc_res_80016 = redout_81141;
-                    // model.fut:211:72-79
+                    // model.fut:212:72-79
                     
                     float lifted_lambda_res_59569 = f64_res_58960 * defunc_res_80016;
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     bool cond_59571 = sle64(i_81146, i_81159);
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     float lifted_lambda_res_59572;
                     
@@ -7169,7 +7169,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     } else {
                         lifted_lambda_res_59572 = -INFINITY;
                     }
-                    // model.fut:168:13-31
+                    // model.fut:169:13-31
                     
                     float max_res_59054 = fmax32(lifted_lambda_res_59572, redout_81144);
                     
@@ -7180,7 +7180,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     redout_81144 = redout_tmp_84319;
                 }
                 defunc_0_reduce_res_80017 = redout_81144;
-                // model.fut:169:11-170:20
+                // model.fut:170:11-171:20
                 
                 float defunc_res_80019;
                 float redout_81149 = 0.0F;
@@ -7188,15 +7188,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 for (int64_t i_81151 = 0; i_81151 < tmp_47956; i_81151++) {
                     float eta_p_59547 = ((float *) mem_81997)[i_81151];
                     
-                    // model.fut:169:33-38
+                    // model.fut:170:33-38
                     
                     float exp_arg0_59548 = eta_p_59547 - defunc_0_reduce_res_80017;
                     
-                    // model.fut:169:22-38
+                    // model.fut:170:22-38
                     
                     float exp_res_59549 = futrts_exp32(exp_arg0_59548);
                     
-                    // model.fut:170:11-20
+                    // model.fut:171:11-20
                     
                     float zp_res_59063 = exp_res_59549 + redout_81149;
                     
@@ -7207,30 +7207,30 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     redout_81149 = redout_tmp_84322;
                 }
                 defunc_res_80019 = redout_81149;
-                // model.fut:171:6-17
+                // model.fut:172:6-17
                 for (int64_t i_81155 = 0; i_81155 < tmp_47956; i_81155++) {
                     float eta_p_59065 = ((float *) mem_82005)[i_81155];
                     
-                    // model.fut:171:10-15
+                    // model.fut:172:10-15
                     
                     float lifted_lambda_res_59066 = eta_p_59065 / defunc_res_80019;
                     
                     ((float *) mem_81991)[i_81159 * tmp_47956 + i_81155] = lifted_lambda_res_59066;
                 }
             }
-            // model.fut:215:16-90
+            // model.fut:216:16-90
             for (int64_t i_81169 = 0; i_81169 < tmp_47956; i_81169++) {
-                // model.fut:215:16-90
+                // model.fut:216:16-90
                 for (int64_t i_81165 = 0; i_81165 < d_58956; i_81165++) {
-                    // model.fut:244:14-67
+                    // model.fut:245:14-67
                     
                     int64_t binop_y_59080 = tmp_59026 + i_81165;
                     
-                    // model.fut:244:14-67
+                    // model.fut:245:14-67
                     
                     int64_t index_primexp_59081 = tmp_59015 + binop_y_59080;
                     
-                    // model.fut:215:41-89
+                    // model.fut:216:41-89
                     
                     float defunc_res_80022;
                     float redout_81161 = 0.0F;
@@ -7239,11 +7239,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                         float eta_p_59587 = ((float *) mem_81991)[i_81169 * tmp_47956 + i_81162];
                         float zzip_copy_transformed_row_59588 = ((float *) mem_81962)[i_81162 * tmp_47989 + index_primexp_59081];
                         
-                        // model.fut:215:69-76
+                        // model.fut:216:69-76
                         
                         float lifted_lambda_res_59589 = eta_p_59587 * zzip_copy_transformed_row_59588;
                         
-                        // model.fut:215:41-89
+                        // model.fut:216:41-89
                         
                         float zp_res_59091 = lifted_lambda_res_59589 + redout_81161;
                         float redout_tmp_84327 = zp_res_59091;
@@ -7255,19 +7255,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 }
             }
         }
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         for (int64_t i_81181 = 0; i_81181 < tmp_47956; i_81181++) {
-            // model.fut:179:3-60
+            // model.fut:180:3-60
             for (int64_t i_81177 = 0; i_81177 < dims_39744; i_81177++) {
-                // model.fut:179:46-49
+                // model.fut:180:46-49
                 
                 int64_t tmp_59097 = sdiv64(i_81177, d_58956);
                 
-                // model.fut:179:56-59
+                // model.fut:180:56-59
                 
                 int64_t tmp_59098 = smod64(i_81177, d_58956);
                 
-                // model.fut:179:38-60
+                // model.fut:180:38-60
                 
                 float lifted_lambda_res_59099 = ((float *) mem_81982)[tmp_59097 * lmad_arg_81988 + i_81181 * d_58956 + tmp_59098];
                 
@@ -7306,13 +7306,13 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82069)[i_81191 * tmp_47956 + i_81187] = defunc_res_80029;
             }
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_48070 = ((int64_t *) layout_mem_81874.mem)[tmp_48065];
         
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         for (int64_t i_81206 = 0; i_81206 < tmp_47956; i_81206++) {
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float defunc_res_80031;
             float redout_81194 = 0.0F;
@@ -7324,15 +7324,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 float lifted_lambda_res_59628 = ((float *) mem_82069)[i_81196 * tmp_47956 + i_81206];
                 
-                // model.fut:111:14-17
+                // model.fut:112:14-17
                 
                 float defunc_0_f_res_59630 = eta_p_59622 + lifted_lambda_res_59628;
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_59632 = defunc_0_f_res_59630 * defunc_0_f_res_59630;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_59479 = lifted_lambda_res_59632 + redout_81194;
                 
@@ -7343,27 +7343,27 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 redout_81194 = redout_tmp_84335;
             }
             defunc_res_80031 = redout_81194;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_59480 = defunc_res_80031 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_59481 = 1.0e-5F + zp_lhs_59480;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_59482 = futrts_sqrt32(sqrt_arg0_59481);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_59483 = 1.0F / sqrt_res_59482;
             
-            // model.fut:195:29-42
+            // model.fut:196:29-42
             for (int64_t i_81200 = 0; i_81200 < dims_39744; i_81200++) {
                 float eta_p_59486 = ((float *) mem_82091)[i_81206 * dims_39744 + i_81200];
                 
-                // model.fut:195:33-38
+                // model.fut:196:33-38
                 
                 float lifted_lambda_res_59487 = rms_scale_res_59483 * eta_p_59486;
                 
@@ -7402,19 +7402,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82126)[i_81217 * tmp_47956 + i_81213] = defunc_res_80034;
             }
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_48078 = ((int64_t *) layout_mem_81874.mem)[tmp_48073];
         
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         for (int64_t i_81225 = 0; i_81225 < tmp_47956; i_81225++) {
-            // model.fut:192:26-197:33
+            // model.fut:193:26-198:33
             for (int64_t i_81221 = 0; i_81221 < tmp_47990; i_81221++) {
                 // model.fut:43:31-38
                 
                 float lifted_lambda_res_59644 = ((float *) mem_82126)[i_81221 * tmp_47956 + i_81225];
                 
-                // model.fut:94:26-37
+                // model.fut:95:26-37
                 
                 float max_res_59646 = fmax32(0.0F, lifted_lambda_res_59644);
                 
@@ -7453,14 +7453,14 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82164)[i_81235 * tmp_47956 + i_81231] = defunc_res_80037;
             }
         }
-        // model.fut:110:29-111:22
+        // model.fut:111:29-112:22
         if (memblock_alloc(ctx, &mem_82183, bytes_81882, "mem_82183")) {
             err = 1;
             goto cleanup;
         }
-        // model.fut:110:29-111:22
+        // model.fut:111:29-112:22
         for (int64_t i_81243 = 0; i_81243 < tmp_47956; i_81243++) {
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             for (int64_t i_81239 = 0; i_81239 < dims_39744; i_81239++) {
                 float eta_p_59650 = ((float *) mem_82091)[i_81243 * dims_39744 + i_81239];
                 
@@ -7468,7 +7468,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 float lifted_lambda_res_59656 = ((float *) mem_82164)[i_81239 * tmp_47956 + i_81243];
                 
-                // model.fut:111:14-17
+                // model.fut:112:14-17
                 
                 float defunc_0_f_res_59658 = eta_p_59650 + lifted_lambda_res_59656;
                 
@@ -7523,13 +7523,13 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             ((float *) mem_82211)[i_81253 * tmp_47956 + i_81249] = defunc_res_80060;
         }
     }
-    // model.fut:231:13-31
+    // model.fut:232:13-31
     if (mem_82229_cached_sizze_84687 < binop_x_82209) {
         err = lexical_realloc(ctx, &mem_82229, &mem_82229_cached_sizze_84687, binop_x_82209);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:232:11-233:37
+    // model.fut:233:11-234:37
     if (mem_82237_cached_sizze_84688 < binop_x_82209) {
         err = lexical_realloc(ctx, &mem_82237, &mem_82237_cached_sizze_84688, binop_x_82209);
         if (err != FUTHARK_SUCCESS)
@@ -7543,32 +7543,32 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         int64_t index_primexp_81815 = targets_47971 + i_81266;
         int32_t eta_p_73294 = ((int32_t *) tokens_mem_81876.mem)[index_primexp_81815];
         
-        // model.fut:233:44-58
+        // model.fut:234:44-58
         
         int64_t i32_res_73319 = sext_i32_i64(eta_p_73294);
         
-        // model.fut:233:42-59
+        // model.fut:234:42-59
         
         bool x_73320 = sle64((int64_t) 0, i32_res_73319);
         
-        // model.fut:233:42-59
+        // model.fut:234:42-59
         
         bool y_73321 = slt64(i32_res_73319, dims_39747);
         
-        // model.fut:233:42-59
+        // model.fut:234:42-59
         
         bool bounds_check_73322 = x_73320 && y_73321;
         
-        // model.fut:233:42-59
+        // model.fut:234:42-59
         
         bool index_certs_73323;
         
         if (!bounds_check_73322) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_73319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:233:42-59\n   #1  model.fut:245:20-33\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_73319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:234:42-59\n   #1  model.fut:246:20-33\n   #2  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:231:13-31
+        // model.fut:232:13-31
         
         float defunc_0_reduce_res_80062;
         float redout_81256 = -INFINITY;
@@ -7578,7 +7578,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             
             float lifted_lambda_res_73306 = ((float *) mem_82211)[i_81258 * tmp_47956 + i_81266];
             
-            // model.fut:231:13-31
+            // model.fut:232:13-31
             
             float max_res_73309 = fmax32(lifted_lambda_res_73306, redout_81256);
             
@@ -7589,7 +7589,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             redout_81256 = redout_tmp_84352;
         }
         defunc_0_reduce_res_80062 = redout_81256;
-        // model.fut:232:11-233:37
+        // model.fut:233:11-234:37
         
         float defunc_res_80064;
         float redout_81261 = 0.0F;
@@ -7597,15 +7597,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         for (int64_t i_81263 = 0; i_81263 < dims_39747; i_81263++) {
             float eta_p_73312 = ((float *) mem_82229)[i_81263];
             
-            // model.fut:232:24-29
+            // model.fut:233:24-29
             
             float lifted_lambda_res_73313 = eta_p_73312 - defunc_0_reduce_res_80062;
             
-            // model.fut:233:28-35
+            // model.fut:234:28-35
             
             float exp_res_73314 = futrts_exp32(lifted_lambda_res_73313);
             
-            // model.fut:233:15-37
+            // model.fut:234:15-37
             
             float zp_res_73317 = exp_res_73314 + redout_81261;
             
@@ -7616,19 +7616,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             redout_81261 = redout_tmp_84354;
         }
         defunc_res_80064 = redout_81261;
-        // model.fut:233:6-38
+        // model.fut:234:6-38
         
         float log_res_73318 = futrts_log32(defunc_res_80064);
         
-        // model.fut:233:42-59
+        // model.fut:234:42-59
         
         float zm_rhs_73324 = ((float *) mem_82237)[i32_res_73319];
         
-        // model.fut:233:40-59
+        // model.fut:234:40-59
         
         float cross_entropy_res_73325 = log_res_73318 - zm_rhs_73324;
         
-        // model.fut:245:6-60
+        // model.fut:246:6-60
         
         float zp_res_57978 = cross_entropy_res_73325 + redout_81265;
         float redout_tmp_84351 = zp_res_57978;
@@ -7636,7 +7636,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         redout_81265 = redout_tmp_84351;
     }
     defunc_res_81095 = redout_81265;
-    // model.fut:245:62-73
+    // model.fut:246:62-73
     
     float loss_res_48117 = defunc_res_81095 / i64_res_48033;
     float binop_y_70319 = 1.0F / i64_res_48033;
@@ -7738,15 +7738,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         for (int64_t i_81274 = 0; i_81274 < dims_39747; i_81274++) {
             float eta_p_73530 = ((float *) mem_82248)[i_81274];
             
-            // model.fut:232:24-29
+            // model.fut:233:24-29
             
             float lifted_lambda_res_73531 = eta_p_73530 - defunc_0_reduce_res_80067;
             
-            // model.fut:233:28-35
+            // model.fut:234:28-35
             
             float exp_res_73532 = futrts_exp32(lifted_lambda_res_73531);
             
-            // model.fut:233:15-37
+            // model.fut:234:15-37
             
             float zp_res_70351 = exp_res_73532 + redout_81273;
             float redout_tmp_84362 = zp_res_70351;
@@ -7754,7 +7754,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             redout_81273 = redout_tmp_84362;
         }
         defunc_res_80070 = redout_81273;
-        // model.fut:233:44-58
+        // model.fut:234:44-58
         
         int64_t i32_res_70353 = sext_i32_i64(eta_p_70328);
         float binop_y_70409 = 1.0F / defunc_res_80070;
@@ -7772,7 +7772,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             float map_adj_p_73520 = ((float *) mem_82256)[i_81278];
             float eta_p_73521 = ((float *) mem_82248)[i_81278];
             
-            // model.fut:232:24-29
+            // model.fut:233:24-29
             
             float lifted_lambda_res_73522 = eta_p_73521 - defunc_0_reduce_res_80067;
             float binop_y_73523 = futrts_exp32(lifted_lambda_res_73522);
@@ -7907,13 +7907,13 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     int64_t boundzm1_70859 = dims_39746 - (int64_t) 1;
     float binop_y_71460 = 1.0F / i64_res_58854;
     
-    // model.fut:200:74-205:47
+    // model.fut:201:74-206:47
     if (mem_82297_cached_sizze_84697 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82297, &mem_82297_cached_sizze_84697, bytes_81882);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:205:28-41
+    // model.fut:206:28-41
     if (mem_82303_cached_sizze_84698 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_82303, &mem_82303_cached_sizze_84698, tmp_47990);
         if (err != FUTHARK_SUCCESS)
@@ -7931,31 +7931,31 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     if (mem_82355_cached_sizze_84701 < bytes_81981) {
         err = lexical_realloc(ctx, &mem_82355, &mem_82355_cached_sizze_84701, bytes_81981);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:200:71-211:97
+    // model.fut:201:71-212:97
     if (mem_82364_cached_sizze_84702 < bytes_81990) {
         err = lexical_realloc(ctx, &mem_82364, &mem_82364_cached_sizze_84702, bytes_81990);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:167:16-168:31
+    // model.fut:168:16-169:31
     if (mem_82370_cached_sizze_84703 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82370, &mem_82370_cached_sizze_84703, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:169:11-170:20
+    // model.fut:170:11-171:20
     if (mem_82378_cached_sizze_84704 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82378, &mem_82378_cached_sizze_84704, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:179:3-60
+    // model.fut:180:3-60
     if (mem_82423_cached_sizze_84705 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82423, &mem_82423_cached_sizze_84705, bytes_81882);
         if (err != FUTHARK_SUCCESS)
@@ -7967,13 +7967,13 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:61-195:48
+    // model.fut:193:61-196:48
     if (mem_82461_cached_sizze_84707 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82461, &mem_82461_cached_sizze_84707, bytes_81882);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:98:17-45
+    // model.fut:99:17-45
     if (mem_82467_cached_sizze_84708 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_82467, &mem_82467_cached_sizze_84708, tmp_47990);
         if (err != FUTHARK_SUCCESS)
@@ -7985,7 +7985,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:26-197:33
+    // model.fut:193:26-198:33
     if (mem_82507_cached_sizze_84710 < bytes_82144) {
         err = lexical_realloc(ctx, &mem_82507, &mem_82507_cached_sizze_84710, bytes_82144);
         if (err != FUTHARK_SUCCESS)
@@ -8048,7 +8048,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:61-195:48
+    // model.fut:193:61-196:48
     if (mem_82589_cached_sizze_84722 < bytes_81882) {
         err = lexical_realloc(ctx, &mem_82589, &mem_82589_cached_sizze_84722, bytes_81882);
         if (err != FUTHARK_SUCCESS)
@@ -8059,7 +8059,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:195:29-42
+    // model.fut:196:29-42
     if (mem_82603_cached_sizze_84724 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_82603, &mem_82603_cached_sizze_84724, tmp_47990);
         if (err != FUTHARK_SUCCESS)
@@ -8106,25 +8106,25 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:200:71-211:97
+    // model.fut:201:71-212:97
     if (mem_82661_cached_sizze_84733 < bytes_81990) {
         err = lexical_realloc(ctx, &mem_82661, &mem_82661_cached_sizze_84733, bytes_81990);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:167:16-168:31
+    // model.fut:168:16-169:31
     if (mem_82667_cached_sizze_84734 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82667, &mem_82667_cached_sizze_84734, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:169:11-170:20
+    // model.fut:170:11-171:20
     if (mem_82675_cached_sizze_84735 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82675, &mem_82675_cached_sizze_84735, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:171:6-17
+    // model.fut:172:6-17
     if (mem_82683_cached_sizze_84736 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82683, &mem_82683_cached_sizze_84736, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
@@ -8155,7 +8155,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:171:6-17
+    // model.fut:172:6-17
     if (mem_82719_cached_sizze_84742 < binop_x_81881) {
         err = lexical_realloc(ctx, &mem_82719, &mem_82719_cached_sizze_84742, binop_x_81881);
         if (err != FUTHARK_SUCCESS)
@@ -8202,7 +8202,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:205:28-41
+    // model.fut:206:28-41
     if (mem_82776_cached_sizze_84751 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_82776, &mem_82776_cached_sizze_84751, tmp_47990);
         if (err != FUTHARK_SUCCESS)
@@ -8213,117 +8213,117 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     for (int64_t l_70626 = 0; l_70626 < dims_39746; l_70626++) {
         int64_t l_rev_70860 = sub64(boundzm1_70859, l_70626);
         
-        // model.fut:153:27-30
+        // model.fut:154:27-30
         
         int64_t zp_rhs_70628 = mul64((int64_t) 6, l_rev_70860);
         
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_70629 = add64((int64_t) 3, zp_rhs_70628);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_70630 = sle64((int64_t) 0, tmp_70629);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_70631 = slt64(tmp_70629, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_70632 = x_70630 && y_70631;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_70633;
         
         if (!bounds_check_70632) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70629, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:30-31\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70629, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_70663 = add64((int64_t) 6, zp_rhs_70628);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_70664 = sle64((int64_t) 0, tmp_70663);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_70665 = slt64(tmp_70663, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_70666 = x_70664 && y_70665;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_70667;
         
         if (!bounds_check_70666) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70663, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:60-61\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70663, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_70762 = add64((int64_t) 7, zp_rhs_70628);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_70763 = sle64((int64_t) 0, tmp_70762);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_70764 = slt64(tmp_70762, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_70765 = x_70763 && y_70764;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_70766;
         
         if (!bounds_check_70765) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70762, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:29-30\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70762, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:31-34
+        // model.fut:154:31-34
         
         int64_t tmp_70810 = add64((int64_t) 8, zp_rhs_70628);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool x_70811 = sle64((int64_t) 0, tmp_70810);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool y_70812 = slt64(tmp_70810, l_39733);
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool bounds_check_70813 = x_70811 && y_70812;
         
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         bool index_certs_70814;
         
         if (!bounds_check_70813) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70810, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:59-60\n   #2  model.fut:244:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70810, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_70634 = ((int64_t *) layout_mem_81874.mem)[tmp_70629];
         
-        // model.fut:200:74-205:47
+        // model.fut:201:74-206:47
         for (int64_t i_81303 = 0; i_81303 < tmp_47956; i_81303++) {
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float defunc_res_80797;
             float redout_81295 = 0.0F;
@@ -8331,11 +8331,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             for (int64_t i_81296 = 0; i_81296 < dims_39744; i_81296++) {
                 float eta_p_70638 = ((float *) mem_81911)[l_rev_70860 * lmad_arg_81921 + i_81303 * dims_39744 + i_81296];
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_70639 = eta_p_70638 * eta_p_70638;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_70642 = lifted_lambda_res_70639 + redout_81295;
                 float redout_tmp_84396 = zp_res_70642;
@@ -8343,27 +8343,27 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 redout_81295 = redout_tmp_84396;
             }
             defunc_res_80797 = redout_81295;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_70643 = defunc_res_80797 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_70644 = 1.0e-5F + zp_lhs_70643;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_70645 = futrts_sqrt32(sqrt_arg0_70644);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_70646 = 1.0F / sqrt_res_70645;
             
-            // model.fut:205:28-41
+            // model.fut:206:28-41
             for (int64_t i_81299 = 0; i_81299 < dims_39744; i_81299++) {
                 float eta_p_70648 = ((float *) mem_81911)[l_rev_70860 * lmad_arg_81921 + i_81303 * dims_39744 + i_81299];
                 
-                // model.fut:205:32-37
+                // model.fut:206:32-37
                 
                 float lifted_lambda_res_70649 = rms_scale_res_70646 * eta_p_70648;
                 
@@ -8403,7 +8403,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82316)[i_81313 * tmp_47956 + i_81309] = defunc_res_80799;
             }
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_70668 = ((int64_t *) layout_mem_81874.mem)[tmp_70663];
         
@@ -8418,19 +8418,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82335)[i_81321 * tmp_47989 + i_81317] = lifted_lambda_res_70681;
             }
         }
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         for (int64_t i_81355 = 0; i_81355 < dims_39745; i_81355++) {
-            // model.fut:175:33-36
+            // model.fut:176:33-36
             
             int64_t tmp_70684 = mul64(d_58956, i_81355);
             
-            // model.fut:244:14-67
+            // model.fut:245:14-67
             
             int64_t slice_70685 = dims_39744 + tmp_70684;
             
-            // model.fut:200:71-211:97
+            // model.fut:201:71-212:97
             for (int64_t i_81341 = 0; i_81341 < tmp_47956; i_81341++) {
-                // model.fut:167:16-168:31
+                // model.fut:168:16-169:31
                 
                 float defunc_0_reduce_res_80803;
                 float redout_81326 = -INFINITY;
@@ -8459,15 +8459,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                         redout_81323 = redout_tmp_84407;
                     }
                     defunc_res_80802 = redout_81323;
-                    // model.fut:211:72-79
+                    // model.fut:212:72-79
                     
                     float lifted_lambda_res_70702 = f64_res_58960 * defunc_res_80802;
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     bool cond_70703 = sle64(i_81328, i_81341);
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     float lifted_lambda_res_70704;
                     
@@ -8476,7 +8476,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     } else {
                         lifted_lambda_res_70704 = -INFINITY;
                     }
-                    // model.fut:168:13-31
+                    // model.fut:169:13-31
                     
                     float max_res_70707 = fmax32(lifted_lambda_res_70704, redout_81326);
                     
@@ -8487,7 +8487,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     redout_81326 = redout_tmp_84405;
                 }
                 defunc_0_reduce_res_80803 = redout_81326;
-                // model.fut:169:11-170:20
+                // model.fut:170:11-171:20
                 
                 float defunc_res_80805;
                 float redout_81331 = 0.0F;
@@ -8495,15 +8495,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 for (int64_t i_81333 = 0; i_81333 < tmp_47956; i_81333++) {
                     float eta_p_70710 = ((float *) mem_82370)[i_81333];
                     
-                    // model.fut:169:33-38
+                    // model.fut:170:33-38
                     
                     float exp_arg0_70711 = eta_p_70710 - defunc_0_reduce_res_80803;
                     
-                    // model.fut:169:22-38
+                    // model.fut:170:22-38
                     
                     float exp_res_70712 = futrts_exp32(exp_arg0_70711);
                     
-                    // model.fut:170:11-20
+                    // model.fut:171:11-20
                     
                     float zp_res_70715 = exp_res_70712 + redout_81331;
                     
@@ -8514,30 +8514,30 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     redout_81331 = redout_tmp_84408;
                 }
                 defunc_res_80805 = redout_81331;
-                // model.fut:171:6-17
+                // model.fut:172:6-17
                 for (int64_t i_81337 = 0; i_81337 < tmp_47956; i_81337++) {
                     float eta_p_70717 = ((float *) mem_82378)[i_81337];
                     
-                    // model.fut:171:10-15
+                    // model.fut:172:10-15
                     
                     float lifted_lambda_res_70718 = eta_p_70717 / defunc_res_80805;
                     
                     ((float *) mem_82364)[i_81341 * tmp_47956 + i_81337] = lifted_lambda_res_70718;
                 }
             }
-            // model.fut:215:16-90
+            // model.fut:216:16-90
             for (int64_t i_81351 = 0; i_81351 < tmp_47956; i_81351++) {
-                // model.fut:215:16-90
+                // model.fut:216:16-90
                 for (int64_t i_81347 = 0; i_81347 < d_58956; i_81347++) {
-                    // model.fut:244:14-67
+                    // model.fut:245:14-67
                     
                     int64_t binop_y_70732 = tmp_70684 + i_81347;
                     
-                    // model.fut:244:14-67
+                    // model.fut:245:14-67
                     
                     int64_t index_primexp_70733 = tmp_59015 + binop_y_70732;
                     
-                    // model.fut:215:41-89
+                    // model.fut:216:41-89
                     
                     float defunc_res_80808;
                     float redout_81343 = 0.0F;
@@ -8546,11 +8546,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                         float eta_p_70736 = ((float *) mem_82364)[i_81351 * tmp_47956 + i_81344];
                         float zzip_copy_transformed_row_70737 = ((float *) mem_82335)[i_81344 * tmp_47989 + index_primexp_70733];
                         
-                        // model.fut:215:69-76
+                        // model.fut:216:69-76
                         
                         float lifted_lambda_res_70738 = eta_p_70736 * zzip_copy_transformed_row_70737;
                         
-                        // model.fut:215:41-89
+                        // model.fut:216:41-89
                         
                         float zp_res_70741 = lifted_lambda_res_70738 + redout_81343;
                         float redout_tmp_84413 = zp_res_70741;
@@ -8562,19 +8562,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 }
             }
         }
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         for (int64_t i_81363 = 0; i_81363 < tmp_47956; i_81363++) {
-            // model.fut:179:3-60
+            // model.fut:180:3-60
             for (int64_t i_81359 = 0; i_81359 < dims_39744; i_81359++) {
-                // model.fut:179:46-49
+                // model.fut:180:46-49
                 
                 int64_t tmp_70746 = sdiv64(i_81359, d_58956);
                 
-                // model.fut:179:56-59
+                // model.fut:180:56-59
                 
                 int64_t tmp_70747 = smod64(i_81359, d_58956);
                 
-                // model.fut:179:38-60
+                // model.fut:180:38-60
                 
                 float lifted_lambda_res_70748 = ((float *) mem_82355)[tmp_70746 * lmad_arg_81988 + i_81363 * d_58956 + tmp_70747];
                 
@@ -8613,13 +8613,13 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82442)[i_81373 * tmp_47956 + i_81369] = defunc_res_80815;
             }
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_70767 = ((int64_t *) layout_mem_81874.mem)[tmp_70762];
         
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         for (int64_t i_81386 = 0; i_81386 < tmp_47956; i_81386++) {
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float defunc_res_80817;
             float redout_81376 = 0.0F;
@@ -8631,15 +8631,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 float lifted_lambda_res_70784 = ((float *) mem_82442)[i_81378 * tmp_47956 + i_81386];
                 
-                // model.fut:111:14-17
+                // model.fut:112:14-17
                 
                 float defunc_0_f_res_70785 = eta_p_70778 + lifted_lambda_res_70784;
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_70786 = defunc_0_f_res_70785 * defunc_0_f_res_70785;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_70789 = lifted_lambda_res_70786 + redout_81376;
                 
@@ -8650,27 +8650,27 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 redout_81376 = redout_tmp_84420;
             }
             defunc_res_80817 = redout_81376;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_70790 = defunc_res_80817 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_70791 = 1.0e-5F + zp_lhs_70790;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_70792 = futrts_sqrt32(sqrt_arg0_70791);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_70793 = 1.0F / sqrt_res_70792;
             
-            // model.fut:195:29-42
+            // model.fut:196:29-42
             for (int64_t i_81382 = 0; i_81382 < dims_39744; i_81382++) {
                 float eta_p_70795 = ((float *) mem_82467)[i_81382];
                 
-                // model.fut:195:33-38
+                // model.fut:196:33-38
                 
                 float lifted_lambda_res_70796 = rms_scale_res_70793 * eta_p_70795;
                 
@@ -8709,19 +8709,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 ((float *) mem_82488)[i_81396 * tmp_47956 + i_81392] = defunc_res_80820;
             }
         }
-        // model.fut:153:14-35
+        // model.fut:154:14-35
         
         int64_t lifted_at_res_70815 = ((int64_t *) layout_mem_81874.mem)[tmp_70810];
         
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         for (int64_t i_81404 = 0; i_81404 < tmp_47956; i_81404++) {
-            // model.fut:192:26-197:33
+            // model.fut:193:26-198:33
             for (int64_t i_81400 = 0; i_81400 < tmp_47990; i_81400++) {
                 // model.fut:43:31-38
                 
                 float lifted_lambda_res_70828 = ((float *) mem_82488)[i_81400 * tmp_47956 + i_81404];
                 
-                // model.fut:94:26-37
+                // model.fut:95:26-37
                 
                 float max_res_70829 = fmax32(0.0F, lifted_lambda_res_70828);
                 
@@ -8736,9 +8736,9 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool acc_cert_p_70937;
         
-        // model.fut:110:29-111:22
+        // model.fut:111:29-112:22
         for (int64_t i_81409 = 0; i_81409 < tmp_47956; i_81409++) {
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             for (int64_t i_81407 = 0; i_81407 < dims_39744; i_81407++) {
                 float map_adj_p_70941 = ((float *) mem_param_82291.mem)[i_81409 * dims_39744 + i_81407];
                 
@@ -8835,9 +8835,9 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool acc_cert_p_71167;
         
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         for (int64_t i_81428 = 0; i_81428 < tmp_47956; i_81428++) {
-            // model.fut:192:26-197:33
+            // model.fut:193:26-198:33
             for (int64_t i_81426 = 0; i_81426 < tmp_47990; i_81426++) {
                 float map_adj_p_71171 = ((float *) mem_82529)[i_81428 * tmp_47990 + i_81426];
                 
@@ -8942,7 +8942,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool acc_cert_p_71425;
         
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         for (int64_t i_81462 = 0; i_81462 < tmp_47956; i_81462++) {
             float defunc_res_80839;
             float redout_81445 = 0.0F;
@@ -8954,15 +8954,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 float lifted_lambda_res_77398 = ((float *) mem_82442)[i_81447 * tmp_47956 + i_81462];
                 
-                // model.fut:111:14-17
+                // model.fut:112:14-17
                 
                 float defunc_0_f_res_77399 = eta_p_77392 + lifted_lambda_res_77398;
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_77400 = defunc_0_f_res_77399 * defunc_0_f_res_77399;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_71404 = lifted_lambda_res_77400 + redout_81445;
                 
@@ -8973,23 +8973,23 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 redout_81445 = redout_tmp_84488;
             }
             defunc_res_80839 = redout_81445;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_71405 = defunc_res_80839 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_71406 = 1.0e-5F + zp_lhs_71405;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_71407 = futrts_sqrt32(sqrt_arg0_71406);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_71408 = 1.0F / sqrt_res_71407;
             
-            // model.fut:195:29-42
+            // model.fut:196:29-42
             
             float rms_scale_res_contrib_sum_80841;
             float redout_81450 = 0.0F;
@@ -9029,7 +9029,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 float lifted_lambda_res_77375 = ((float *) mem_82442)[i_81457 * tmp_47956 + i_81462];
                 
-                // model.fut:111:14-17
+                // model.fut:112:14-17
                 
                 float defunc_0_f_res_77376 = eta_p_77366 + lifted_lambda_res_77375;
                 float binop_x_adj_77377 = binop_x_adj_71461 * defunc_0_f_res_77376;
@@ -9134,17 +9134,17 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool acc_cert_p_71713;
         
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         for (int64_t i_81482 = 0; i_81482 < tmp_47956; i_81482++) {
-            // model.fut:179:3-60
+            // model.fut:180:3-60
             for (int64_t i_81480 = 0; i_81480 < dims_39744; i_81480++) {
                 float map_adj_p_71717 = ((float *) mem_82627)[i_81482 * dims_39744 + i_81480];
                 
-                // model.fut:179:46-49
+                // model.fut:180:46-49
                 
                 int64_t tmp_71719 = sdiv64(i_81480, d_58956);
                 
-                // model.fut:179:56-59
+                // model.fut:180:56-59
                 
                 int64_t tmp_71720 = smod64(i_81480, d_58956);
                 
@@ -9172,19 +9172,19 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool acc_cert_p_71865;
         
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         for (int64_t i_81553 = 0; i_81553 < dims_39745; i_81553++) {
-            // model.fut:175:33-36
+            // model.fut:176:33-36
             
             int64_t tmp_71788 = mul64(d_58956, i_81553);
             
-            // model.fut:244:14-67
+            // model.fut:245:14-67
             
             int64_t slice_71789 = dims_39744 + tmp_71788;
             
-            // model.fut:200:71-211:97
+            // model.fut:201:71-212:97
             for (int64_t i_81501 = 0; i_81501 < tmp_47956; i_81501++) {
-                // model.fut:167:16-168:31
+                // model.fut:168:16-169:31
                 
                 float defunc_0_reduce_res_81020;
                 float redout_81486 = -INFINITY;
@@ -9213,15 +9213,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                         redout_81483 = redout_tmp_84535;
                     }
                     defunc_res_81019 = redout_81483;
-                    // model.fut:211:72-79
+                    // model.fut:212:72-79
                     
                     float lifted_lambda_res_71806 = f64_res_58960 * defunc_res_81019;
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     bool cond_71807 = sle64(i_81488, i_81501);
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     float lifted_lambda_res_71808;
                     
@@ -9230,7 +9230,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     } else {
                         lifted_lambda_res_71808 = -INFINITY;
                     }
-                    // model.fut:168:13-31
+                    // model.fut:169:13-31
                     
                     float max_res_71811 = fmax32(lifted_lambda_res_71808, redout_81486);
                     
@@ -9241,7 +9241,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     redout_81486 = redout_tmp_84533;
                 }
                 defunc_0_reduce_res_81020 = redout_81486;
-                // model.fut:169:11-170:20
+                // model.fut:170:11-171:20
                 
                 float defunc_res_81022;
                 float redout_81491 = 0.0F;
@@ -9249,15 +9249,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 for (int64_t i_81493 = 0; i_81493 < tmp_47956; i_81493++) {
                     float eta_p_71814 = ((float *) mem_82667)[i_81493];
                     
-                    // model.fut:169:33-38
+                    // model.fut:170:33-38
                     
                     float exp_arg0_71815 = eta_p_71814 - defunc_0_reduce_res_81020;
                     
-                    // model.fut:169:22-38
+                    // model.fut:170:22-38
                     
                     float exp_res_71816 = futrts_exp32(exp_arg0_71815);
                     
-                    // model.fut:170:11-20
+                    // model.fut:171:11-20
                     
                     float zp_res_71819 = exp_res_71816 + redout_81491;
                     
@@ -9268,11 +9268,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     redout_81491 = redout_tmp_84536;
                 }
                 defunc_res_81022 = redout_81491;
-                // model.fut:171:6-17
+                // model.fut:172:6-17
                 for (int64_t i_81497 = 0; i_81497 < tmp_47956; i_81497++) {
                     float eta_p_71821 = ((float *) mem_82675)[i_81497];
                     
-                    // model.fut:171:10-15
+                    // model.fut:172:10-15
                     
                     float lifted_lambda_res_71822 = eta_p_71821 / defunc_res_81022;
                     
@@ -9288,7 +9288,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             
             bool acc_cert_p_71904;
             
-            // model.fut:215:16-90
+            // model.fut:216:16-90
             for (int64_t i_81513 = 0; i_81513 < tmp_47956; i_81513++) {
                 for (int64_t nest_i_84543 = 0; nest_i_84543 < tmp_47956; nest_i_84543++) {
                     ((float *) mem_82698)[nest_i_84543] = 0.0F;
@@ -9296,15 +9296,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 bool acc_cert_p_71935;
                 
-                // model.fut:215:16-90
+                // model.fut:216:16-90
                 for (int64_t i_81508 = 0; i_81508 < d_58956; i_81508++) {
                     float map_adj_p_71909 = ((float *) mem_82655)[i_81553 * (d_58956 * tmp_47956) + i_81513 * d_58956 + i_81508];
                     
-                    // model.fut:244:14-67
+                    // model.fut:245:14-67
                     
                     int64_t binop_y_71915 = tmp_71788 + i_81508;
                     
-                    // model.fut:244:14-67
+                    // model.fut:245:14-67
                     
                     int64_t index_primexp_71916 = tmp_59015 + binop_y_71915;
                     
@@ -9367,7 +9367,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             
             bool acc_cert_p_77626;
             
-            // model.fut:200:71-211:97
+            // model.fut:201:71-212:97
             for (int64_t i_81547 = 0; i_81547 < tmp_47956; i_81547++) {
                 float defunc_0_reduce_res_81039;
                 int64_t defunc_0_reduce_res_ind_81040;
@@ -9400,15 +9400,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                         redout_81514 = redout_tmp_84570;
                     }
                     defunc_res_81033 = redout_81514;
-                    // model.fut:211:72-79
+                    // model.fut:212:72-79
                     
                     float lifted_lambda_res_77759 = f64_res_58960 * defunc_res_81033;
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     bool cond_77760 = sle64(i_81520, i_81547);
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     float lifted_lambda_res_77761;
                     
@@ -9470,15 +9470,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 for (int64_t i_81525 = 0; i_81525 < tmp_47956; i_81525++) {
                     float eta_p_77776 = ((float *) mem_82703)[i_81525];
                     
-                    // model.fut:169:33-38
+                    // model.fut:170:33-38
                     
                     float exp_arg0_77777 = eta_p_77776 - defunc_0_reduce_res_81039;
                     
-                    // model.fut:169:22-38
+                    // model.fut:170:22-38
                     
                     float exp_res_77778 = futrts_exp32(exp_arg0_77777);
                     
-                    // model.fut:170:11-20
+                    // model.fut:171:11-20
                     
                     float zp_res_77781 = exp_res_77778 + redout_81523;
                     
@@ -9493,7 +9493,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 float binop_y_77782 = 1.0F / defunc_res_81042;
                 float binop_y_77783 = defunc_res_81042 * defunc_res_81042;
                 
-                // model.fut:171:6-17
+                // model.fut:172:6-17
                 
                 float defunc_res_contrib_sum_81044;
                 float redout_81528 = 0.0F;
@@ -9523,7 +9523,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     float eta_p_77798 = ((float *) mem_82703)[i_81535];
                     float exp_res_adj_77799 = map_adj_p_77797 + defunc_res_contrib_sum_81044;
                     
-                    // model.fut:169:33-38
+                    // model.fut:170:33-38
                     
                     float exp_arg0_77800 = eta_p_77798 - defunc_0_reduce_res_81039;
                     float binop_y_77801 = futrts_exp32(exp_arg0_77800);
@@ -9555,7 +9555,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                     float map_adj_p_77821 = ((float *) mem_82727)[i_81542];
                     float lifted_lambda_res_adj_77826 = map_adj_p_77820 + map_adj_p_77821;
                     
-                    // model.fut:167:30-60
+                    // model.fut:168:30-60
                     
                     bool cond_77827 = sle64(i_81542, i_81547);
                     float branch_adj_77828;
@@ -9742,12 +9742,12 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             
             ((float *) mem_82287.mem)[lifted_at_res_70634 + i_81571] = binlam_res_72617;
         }
-        // model.fut:200:74-205:47
+        // model.fut:201:74-206:47
         if (memblock_alloc(ctx, &mem_82770, bytes_81882, "mem_82770")) {
             err = 1;
             goto cleanup;
         }
-        // model.fut:200:74-205:47
+        // model.fut:201:74-206:47
         for (int64_t i_81586 = 0; i_81586 < tmp_47956; i_81586++) {
             float defunc_res_81063;
             float redout_81573 = 0.0F;
@@ -9755,11 +9755,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             for (int64_t i_81574 = 0; i_81574 < dims_39744; i_81574++) {
                 float eta_p_78745 = ((float *) mem_81911)[l_rev_70860 * lmad_arg_81921 + i_81586 * dims_39744 + i_81574];
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_78746 = eta_p_78745 * eta_p_78745;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_73641 = lifted_lambda_res_78746 + redout_81573;
                 float redout_tmp_84634 = zp_res_73641;
@@ -9767,23 +9767,23 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 redout_81573 = redout_tmp_84634;
             }
             defunc_res_81063 = redout_81573;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_73642 = defunc_res_81063 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_73643 = 1.0e-5F + zp_lhs_73642;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_73644 = futrts_sqrt32(sqrt_arg0_73643);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_73645 = 1.0F / sqrt_res_73644;
             
-            // model.fut:205:28-41
+            // model.fut:206:28-41
             
             float rms_scale_res_contrib_sum_81064;
             float redout_81576 = 0.0F;
@@ -9859,7 +9859,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:227:23-36
+    // model.fut:228:23-36
     if (mem_82817_cached_sizze_84755 < tmp_47990) {
         err = lexical_realloc(ctx, &mem_82817, &mem_82817_cached_sizze_84755, tmp_47990);
         if (err != FUTHARK_SUCCESS)
@@ -9869,46 +9869,46 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool acc_cert_p_72796;
     bool acc_cert_p_72798;
     
-    // model.fut:224:34-227:42
+    // model.fut:225:34-228:42
     for (int64_t i_81603 = 0; i_81603 < tmp_47956; i_81603++) {
         int64_t index_primexp_81652 = tmp_47955 + i_81603;
         int32_t eta_p_72752 = ((int32_t *) tokens_mem_81876.mem)[index_primexp_81652];
         
-        // model.fut:225:55-63
+        // model.fut:226:55-63
         
         bool y_72755 = slt64(i_81603, dims_39743);
         
-        // model.fut:225:55-63
+        // model.fut:226:55-63
         
         bool index_certs_72757;
         
         if (!y_72755) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81603, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:225:55-63\n   #1  model.fut:242:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81603, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:226:55-63\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:225:42-53
+        // model.fut:226:42-53
         
         int64_t i32_res_72758 = sext_i32_i64(eta_p_72752);
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool y_72759 = slt64(i32_res_72758, dims_39747);
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool x_72760 = sle64((int64_t) 0, i32_res_72758);
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool bounds_check_72761 = y_72759 && x_72760;
         
-        // model.fut:225:38-54
+        // model.fut:226:38-54
         
         bool index_certs_72762;
         
         if (!bounds_check_72761) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_72758, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:225:38-54\n   #1  model.fut:242:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_72758, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:226:38-54\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9926,15 +9926,15 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             int64_t index_primexp_81646 = matrix_arg1_48003 + binop_y_81645;
             float eta_p_79866 = ((float *) params_mem_81879.mem)[index_primexp_81646];
             
-            // model.fut:225:34-37
+            // model.fut:226:34-37
             
             float defunc_0_f_res_79867 = eta_p_79865 + eta_p_79866;
             
-            // model.fut:98:39-42
+            // model.fut:99:39-42
             
             float lifted_lambda_res_79868 = defunc_0_f_res_79867 * defunc_0_f_res_79867;
             
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float zp_res_72773 = lifted_lambda_res_79868 + redout_81589;
             
@@ -9945,23 +9945,23 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             redout_81589 = redout_tmp_84644;
         }
         defunc_res_81085 = redout_81589;
-        // model.fut:98:47-58
+        // model.fut:99:47-58
         
         float zp_lhs_72774 = defunc_res_81085 / i64_res_58854;
         
-        // model.fut:98:59-65
+        // model.fut:99:59-65
         
         float sqrt_arg0_72775 = 1.0e-5F + zp_lhs_72774;
         
-        // model.fut:98:7-65
+        // model.fut:99:7-65
         
         float sqrt_res_72776 = futrts_sqrt32(sqrt_arg0_72775);
         
-        // model.fut:98:5-66
+        // model.fut:99:5-66
         
         float rms_scale_res_72777 = 1.0F / sqrt_res_72776;
         
-        // model.fut:227:23-36
+        // model.fut:228:23-36
         
         float rms_scale_res_contrib_sum_81087;
         float redout_81594 = 0.0F;
@@ -10000,7 +10000,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             int64_t index_primexp_81638 = matrix_arg1_48003 + binop_y_81637;
             float eta_p_79843 = ((float *) params_mem_81879.mem)[index_primexp_81638];
             
-            // model.fut:225:34-37
+            // model.fut:226:34-37
             
             float defunc_0_f_res_79846 = eta_p_79842 + eta_p_79843;
             float binop_x_adj_79847 = binop_x_adj_72830 * defunc_0_f_res_79846;
@@ -10719,81 +10719,81 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     bool y_53041 = slt64((int64_t) 0, l_43117);
     bool protect_assert_disj_57942 = y_53041 || loop_not_taken_57939;
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     bool index_certs_53042;
     
     if (!protect_assert_disj_57942) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:161:16-25\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:16-25\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53044 = mul64(dims_43129, dims_43132);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_53046 = sle64((int64_t) 0, dims_43132);
     bool protect_assert_disj_57946 = binop_x_53046 || loop_not_taken_57939;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_53047;
     
     if (!protect_assert_disj_57946) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53044, "] to array of shape [", (long long) dims_43132, "][", (long long) dims_43129, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:161:4-29\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53044, "] to array of shape [", (long long) dims_43132, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     bool y_53049 = slt64((int64_t) 1, l_43117);
     bool protect_assert_disj_57948 = y_53049 || loop_not_taken_57939;
     
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     bool index_certs_53050;
     
     if (!protect_assert_disj_57948) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:161:43-52\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:43-52\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53052 = mul64(dims_43128, dims_43129);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_53054 = sle64((int64_t) 0, dims_43128);
     bool protect_assert_disj_57952 = binop_x_53054 || loop_not_taken_57939;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_53055;
     
     if (!protect_assert_disj_57952) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53052, "] to array of shape [", (long long) dims_43128, "][", (long long) dims_43129, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:161:31-56\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53052, "] to array of shape [", (long long) dims_43128, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     bool y_53057 = slt64((int64_t) 2, l_43117);
     bool protect_assert_disj_57954 = y_53057 || loop_not_taken_57939;
     
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     bool index_certs_53058;
     
     if (!protect_assert_disj_57954) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:161:70-79\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:70-79\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10801,11 +10801,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     
     bool loop_nonempty_53089 = slt64((int64_t) 0, dims_43131);
     
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53090 = mul64(dims_43129, tmp_53031);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_53091 = sle64((int64_t) 0, tmp_53031);
     
@@ -10818,20 +10818,20 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool protect_assert_disj_53093 = binop_x_53091 || loop_not_taken_53092;
     bool protect_assert_disj_57958 = protect_assert_disj_53093 || loop_not_taken_57939;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_53094;
     
     if (!protect_assert_disj_57958) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53090, "] to array of shape [", (long long) tmp_53031, "][", (long long) dims_43129, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:154:14-37\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53090, "] to array of shape [", (long long) tmp_53031, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53096 = mul64(dims_43129, tmp_53032);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_53097 = sle64((int64_t) 0, tmp_53032);
     
@@ -10840,12 +10840,12 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool protect_assert_disj_53098 = loop_not_taken_53092 || binop_x_53097;
     bool protect_assert_disj_57960 = protect_assert_disj_53098 || loop_not_taken_57939;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_53099;
     
     if (!protect_assert_disj_57960) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53096, "] to array of shape [", (long long) tmp_53032, "][", (long long) dims_43129, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:155:13-35\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53096, "] to array of shape [", (long long) tmp_53032, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:156:13-35\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10955,7 +10955,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     
     float f64_res_53040 = fpconv_f64_f32(f64_arg0_53039);
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     int64_t matrix_arg1_53043;
     
@@ -10966,7 +10966,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     } else {
         matrix_arg1_53043 = (int64_t) 0;
     }
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     int64_t matrix_arg1_53051;
     
@@ -10977,7 +10977,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     } else {
         matrix_arg1_53051 = (int64_t) 0;
     }
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     int64_t matrix_arg1_53059;
     
@@ -11004,7 +11004,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     
     int32_t unsign_arg0_53229 = zext_i64_i32(i64_arg0_53228);
     
-    // model.fut:98:49-58
+    // model.fut:99:49-58
     
     float i64_res_58828 = sitofp_i64_f32(dims_43129);
     
@@ -11024,7 +11024,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     
     int64_t binop_x_82308 = (int64_t) 4 * dims_43132;
     
-    // model.fut:98:17-45
+    // model.fut:99:17-45
     if (mem_82008_cached_sizze_84783 < tmp_53032) {
         err = lexical_realloc(ctx, &mem_82008, &mem_82008_cached_sizze_84783, tmp_53032);
         if (err != FUTHARK_SUCCESS)
@@ -11240,7 +11240,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         int64_t bytes_82222 = coercez2086Uz2083U_52951 * binop_x_82221;
         
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         
         int64_t bytes_82241 = tmp_53032 * binop_x_82000;
         
@@ -11508,7 +11508,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             
             int64_t binop_x_81694 = dims_43129 * i32_res_53069;
             
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float defunc_res_73583;
             float redout_81113 = 0.0F;
@@ -11525,11 +11525,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 
                 float defunc_0_f_res_59254 = eta_p_59252 + eta_p_59253;
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_59256 = defunc_0_f_res_59254 * defunc_0_f_res_59254;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_58827 = lifted_lambda_res_59256 + redout_81113;
                 
@@ -11540,27 +11540,27 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 redout_81113 = redout_tmp_84340;
             }
             defunc_res_73583 = redout_81113;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_58829 = defunc_res_73583 / i64_res_58828;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_58830 = 1.0e-5F + zp_lhs_58829;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_58831 = futrts_sqrt32(sqrt_arg0_58830);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_58832 = 1.0F / sqrt_res_58831;
             
-            // model.fut:103:6-17
+            // model.fut:104:6-17
             for (int64_t i_81119 = 0; i_81119 < dims_43129; i_81119++) {
                 float eta_p_58834 = ((float *) mem_82008)[i_81119];
                 
-                // model.fut:103:10-15
+                // model.fut:104:10-15
                 
                 float lifted_lambda_res_58835 = rms_scale_res_58832 * eta_p_58834;
                 
@@ -11621,13 +11621,13 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         if (mem_82185_cached_sizze_84792 < bytes_82001) {
             err = lexical_realloc(ctx, &mem_82185, &mem_82185_cached_sizze_84792, bytes_82001);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         if (mem_82188_cached_sizze_84793 < bytes_82001) {
             err = lexical_realloc(ctx, &mem_82188, &mem_82188_cached_sizze_84793, bytes_82001);
             if (err != FUTHARK_SUCCESS)
@@ -11639,7 +11639,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         if (mem_82242_cached_sizze_84795 < bytes_82241) {
             err = lexical_realloc(ctx, &mem_82242, &mem_82242_cached_sizze_84795, bytes_82241);
             if (err != FUTHARK_SUCCESS)
@@ -11655,57 +11655,57 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         if (memblock_set(ctx, &mem_param_82030, &mem_82002, "mem_82002") != 0)
             return 1;
         for (int64_t i_53113 = 0; i_53113 < dims_43131; i_53113++) {
-            // model.fut:153:27-30
+            // model.fut:154:27-30
             
             int64_t zp_rhs_53116 = mul64((int64_t) 6, i_53113);
             
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_53117 = add64((int64_t) 3, zp_rhs_53116);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_53118 = sle64((int64_t) 0, tmp_53117);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_53119 = slt64(tmp_53117, l_43117);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_53120 = x_53118 && y_53119;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_53121;
             
             if (!bounds_check_53120) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53117, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:30-31\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53117, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_53125 = add64((int64_t) 6, zp_rhs_53116);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_53126 = sle64((int64_t) 0, tmp_53125);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_53127 = slt64(tmp_53125, l_43117);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_53128 = x_53126 && y_53127;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_53129;
             
             if (!bounds_check_53128) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53125, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:60-61\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53125, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11727,63 +11727,63 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_53133 = add64((int64_t) 7, zp_rhs_53116);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_53134 = sle64((int64_t) 0, tmp_53133);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_53135 = slt64(tmp_53133, l_43117);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_53136 = x_53134 && y_53135;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_53137;
             
             if (!bounds_check_53136) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53133, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:29-30\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53133, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_53141 = add64((int64_t) 8, zp_rhs_53116);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_53142 = sle64((int64_t) 0, tmp_53141);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_53143 = slt64(tmp_53141, l_43117);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_53144 = x_53142 && y_53143;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_53145;
             
             if (!bounds_check_53144) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53141, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:59-60\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53141, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_53122 = ((int64_t *) layout_mem_81874.mem)[tmp_53117];
             
             // sample.fut:60:36-61:38
             for (int64_t i_81133 = 0; i_81133 < coercez2086Uz2083U_52951; i_81133++) {
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float defunc_res_73587;
                 float redout_81125 = 0.0F;
@@ -11791,11 +11791,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 for (int64_t i_81126 = 0; i_81126 < dims_43129; i_81126++) {
                     float eta_p_59412 = ((float *) mem_param_82030.mem)[i_81133 * dims_43129 + i_81126];
                     
-                    // model.fut:98:39-42
+                    // model.fut:99:39-42
                     
                     float lifted_lambda_res_59413 = eta_p_59412 * eta_p_59412;
                     
-                    // model.fut:98:17-45
+                    // model.fut:99:17-45
                     
                     float zp_res_58845 = lifted_lambda_res_59413 + redout_81125;
                     float redout_tmp_84347 = zp_res_58845;
@@ -11803,27 +11803,27 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     redout_81125 = redout_tmp_84347;
                 }
                 defunc_res_73587 = redout_81125;
-                // model.fut:98:47-58
+                // model.fut:99:47-58
                 
                 float zp_lhs_58847 = defunc_res_73587 / i64_res_58828;
                 
-                // model.fut:98:59-65
+                // model.fut:99:59-65
                 
                 float sqrt_arg0_58848 = 1.0e-5F + zp_lhs_58847;
                 
-                // model.fut:98:7-65
+                // model.fut:99:7-65
                 
                 float sqrt_res_58849 = futrts_sqrt32(sqrt_arg0_58848);
                 
-                // model.fut:98:5-66
+                // model.fut:99:5-66
                 
                 float rms_scale_res_58850 = 1.0F / sqrt_res_58849;
                 
-                // model.fut:103:6-17
+                // model.fut:104:6-17
                 for (int64_t i_81129 = 0; i_81129 < dims_43129; i_81129++) {
                     float eta_p_58852 = ((float *) mem_param_82030.mem)[i_81133 * dims_43129 + i_81129];
                     
-                    // model.fut:103:10-15
+                    // model.fut:104:10-15
                     
                     float lifted_lambda_res_58853 = rms_scale_res_58850 * eta_p_58852;
                     
@@ -11862,7 +11862,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     ((float *) mem_82059)[i_81143 * coercez2086Uz2083U_52951 + i_81139] = defunc_res_73589;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_53130 = ((int64_t *) layout_mem_81874.mem)[tmp_53125];
             
@@ -12042,13 +12042,13 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     ((float *) mem_82166)[i_81193 * coercez2086Uz2083U_52951 + i_81189] = defunc_res_73601;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_53138 = ((int64_t *) layout_mem_81874.mem)[tmp_53133];
             
-            // model.fut:192:61-195:48
+            // model.fut:193:61-196:48
             for (int64_t i_81208 = 0; i_81208 < coercez2086Uz2083U_52951; i_81208++) {
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float defunc_res_73603;
                 float redout_81196 = 0.0F;
@@ -12060,15 +12060,15 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     
                     float lifted_lambda_res_59477 = ((float *) mem_82166)[i_81198 * coercez2086Uz2083U_52951 + i_81208];
                     
-                    // model.fut:111:14-17
+                    // model.fut:112:14-17
                     
                     float defunc_0_f_res_59479 = eta_p_59471 + lifted_lambda_res_59477;
                     
-                    // model.fut:98:39-42
+                    // model.fut:99:39-42
                     
                     float lifted_lambda_res_59481 = defunc_0_f_res_59479 * defunc_0_f_res_59479;
                     
-                    // model.fut:98:17-45
+                    // model.fut:99:17-45
                     
                     float zp_res_59370 = lifted_lambda_res_59481 + redout_81196;
                     
@@ -12079,27 +12079,27 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     redout_81196 = redout_tmp_84370;
                 }
                 defunc_res_73603 = redout_81196;
-                // model.fut:98:47-58
+                // model.fut:99:47-58
                 
                 float zp_lhs_59371 = defunc_res_73603 / i64_res_58828;
                 
-                // model.fut:98:59-65
+                // model.fut:99:59-65
                 
                 float sqrt_arg0_59372 = 1.0e-5F + zp_lhs_59371;
                 
-                // model.fut:98:7-65
+                // model.fut:99:7-65
                 
                 float sqrt_res_59373 = futrts_sqrt32(sqrt_arg0_59372);
                 
-                // model.fut:98:5-66
+                // model.fut:99:5-66
                 
                 float rms_scale_res_59374 = 1.0F / sqrt_res_59373;
                 
-                // model.fut:195:29-42
+                // model.fut:196:29-42
                 for (int64_t i_81202 = 0; i_81202 < dims_43129; i_81202++) {
                     float eta_p_59377 = ((float *) mem_82188)[i_81208 * dims_43129 + i_81202];
                     
-                    // model.fut:195:33-38
+                    // model.fut:196:33-38
                     
                     float lifted_lambda_res_59378 = rms_scale_res_59374 * eta_p_59377;
                     
@@ -12138,19 +12138,19 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     ((float *) mem_82223)[i_81219 * coercez2086Uz2083U_52951 + i_81215] = defunc_res_73606;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_53146 = ((int64_t *) layout_mem_81874.mem)[tmp_53141];
             
-            // model.fut:192:26-197:33
+            // model.fut:193:26-198:33
             for (int64_t i_81227 = 0; i_81227 < coercez2086Uz2083U_52951; i_81227++) {
-                // model.fut:192:26-197:33
+                // model.fut:193:26-198:33
                 for (int64_t i_81223 = 0; i_81223 < tmp_53032; i_81223++) {
                     // model.fut:43:31-38
                     
                     float lifted_lambda_res_59493 = ((float *) mem_82223)[i_81223 * coercez2086Uz2083U_52951 + i_81227];
                     
-                    // model.fut:94:26-37
+                    // model.fut:95:26-37
                     
                     float max_res_59495 = fmax32(0.0F, lifted_lambda_res_59493);
                     
@@ -12189,14 +12189,14 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     ((float *) mem_82261)[i_81237 * coercez2086Uz2083U_52951 + i_81233] = defunc_res_73609;
                 }
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             if (memblock_alloc(ctx, &mem_82280, bytes_82001, "mem_82280")) {
                 err = 1;
                 goto cleanup;
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             for (int64_t i_81245 = 0; i_81245 < coercez2086Uz2083U_52951; i_81245++) {
-                // model.fut:110:29-111:22
+                // model.fut:111:29-112:22
                 for (int64_t i_81241 = 0; i_81241 < dims_43129; i_81241++) {
                     float eta_p_59499 = ((float *) mem_82188)[i_81245 * dims_43129 + i_81241];
                     
@@ -12204,7 +12204,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                     
                     float lifted_lambda_res_59505 = ((float *) mem_82261)[i_81241 * coercez2086Uz2083U_52951 + i_81245];
                     
-                    // model.fut:111:14-17
+                    // model.fut:112:14-17
                     
                     float defunc_0_f_res_59507 = eta_p_59499 + lifted_lambda_res_59505;
                     
@@ -13390,19 +13390,19 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55426 = mul64(dims_39221, rows_55418);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_55427 = sle64((int64_t) 0, rows_55418);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_y_55428 = sle64((int64_t) 0, dims_39221);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_y_55429 = binop_x_55427 && binop_y_55428;
     
@@ -13410,12 +13410,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool protect_assert_disj_55430 = loop_not_taken_55423 || binop_y_55429;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_55431;
     
     if (!protect_assert_disj_55430) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55426, "] to array of shape [", (long long) rows_55418, "][", (long long) dims_39221, "]", "-> #0  model.fut:144:3-77\n   #1  microgpt.fut:36:3-23\n   #2  microgpt.fut:121:45-66\n   #3  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55426, "] to array of shape [", (long long) rows_55418, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  microgpt.fut:36:3-23\n   #2  microgpt.fut:121:45-66\n   #3  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13455,67 +13455,67 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502 = add64((int64_t) 2, arg_55501);
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     bool y_55509 = slt64((int64_t) 0, l_39210);
     bool protect_assert_disj_57895 = loop_not_taken_55423 || y_55509;
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     bool index_certs_55510;
     
     if (!protect_assert_disj_57895) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:161:16-25\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:16-25\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55512 = mul64(dims_39221, dims_39224);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_55514 = sle64((int64_t) 0, dims_39224);
     bool protect_assert_disj_57899 = loop_not_taken_55423 || binop_x_55514;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_55517;
     
     if (!protect_assert_disj_57899) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55512, "] to array of shape [", (long long) dims_39224, "][", (long long) dims_39221, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:161:4-29\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55512, "] to array of shape [", (long long) dims_39224, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     bool y_55519 = slt64((int64_t) 1, l_39210);
     bool protect_assert_disj_57901 = loop_not_taken_55423 || y_55519;
     
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     bool index_certs_55520;
     
     if (!protect_assert_disj_57901) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:161:43-52\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:43-52\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55522 = mul64(dims_39220, dims_39221);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_55524 = sle64((int64_t) 0, dims_39220);
     bool protect_assert_disj_57905 = loop_not_taken_55423 || binop_x_55524;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_55525;
     
     if (!protect_assert_disj_57905) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55522, "] to array of shape [", (long long) dims_39220, "][", (long long) dims_39221, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:161:31-56\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55522, "] to array of shape [", (long long) dims_39220, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13523,11 +13523,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool loop_nonempty_55539 = slt64((int64_t) 0, dims_39223);
     
-    // model.fut:144:62-73
+    // model.fut:145:62-73
     
     int64_t dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55540 = mul64(dims_39221, zl_rhs_55448);
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool binop_x_55541 = sle64((int64_t) 0, zl_rhs_55448);
     
@@ -13540,26 +13540,26 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool protect_assert_disj_55543 = binop_x_55541 || loop_not_taken_55542;
     bool protect_assert_disj_57907 = loop_not_taken_55423 || protect_assert_disj_55543;
     
-    // model.fut:144:3-77
+    // model.fut:145:3-77
     
     bool dim_ok_cert_55544;
     
     if (!protect_assert_disj_57907) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55540, "] to array of shape [", (long long) zl_rhs_55448, "][", (long long) dims_39221, "]", "-> #0  model.fut:144:3-77\n   #1  model.fut:154:14-37\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55540, "] to array of shape [", (long long) zl_rhs_55448, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     bool y_55624 = slt64((int64_t) 2, l_39210);
     bool protect_assert_disj_57909 = loop_not_taken_55423 || y_55624;
     
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     bool index_certs_55625;
     
     if (!protect_assert_disj_57909) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:161:70-79\n   #1  train.fut:119:25-53\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:70-79\n   #1  train.fut:119:25-53\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13732,7 +13732,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t zp_lhs_55447 = add64(dims_39220, zp_lhs_55446);
     
-    // model.fut:161:16-25
+    // model.fut:162:16-25
     
     int64_t matrix_arg1_55511;
     
@@ -13743,7 +13743,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     } else {
         matrix_arg1_55511 = (int64_t) 0;
     }
-    // model.fut:161:43-52
+    // model.fut:162:43-52
     
     int64_t matrix_arg1_55521;
     
@@ -13754,7 +13754,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     } else {
         matrix_arg1_55521 = (int64_t) 0;
     }
-    // model.fut:161:70-79
+    // model.fut:162:70-79
     
     int64_t matrix_arg1_55626;
     
@@ -13773,7 +13773,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t quads_55669 = sdiv64(zs_lhs_55668, (int64_t) 4);
     
-    // model.fut:76:11-92:63
+    // model.fut:76:11-93:63
     
     bool cond_55673 = slt64((int64_t) 1, blocks_39219);
     
@@ -13853,7 +13853,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t quads_55941 = sdiv64(zs_lhs_55940, (int64_t) 4);
     
-    // model.fut:89:47-50
+    // model.fut:90:47-50
     
     bool zzero_55950 = tmp_55500 == (int64_t) 0;
     
@@ -13865,7 +13865,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool loop_nonempty_55952 = slt64((int64_t) 0, tmp_55500);
     
-    // model.fut:89:47-50
+    // model.fut:90:47-50
     
     bool nonzzero_55957 = !zzero_55950;
     
@@ -13885,11 +13885,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool protect_assert_disj_55971 = loop_not_taken_55678 || valid_55958;
     
-    // model.fut:98:49-58
+    // model.fut:99:49-58
     
     float i64_res_58854 = sitofp_i64_f32(dims_39221);
     
-    // model.fut:207:46-49
+    // model.fut:208:46-49
     
     int64_t tmp_59015 = mul64((int64_t) 2, dims_39221);
     
@@ -13901,7 +13901,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t binop_x_81904 = dims_39222 * binop_x_81895;
     
-    // model.fut:215:28-216:54
+    // model.fut:216:28-217:54
     
     int64_t binop_x_82097 = (int64_t) 4 * dims_39222;
     
@@ -13917,25 +13917,25 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     double i64_res_74609 = sitofp_i64_f64(p_39213);
     
-    // model.fut:98:17-45
+    // model.fut:99:17-45
     if (mem_81947_cached_sizze_84822 < tmp_55500) {
         err = lexical_realloc(ctx, &mem_81947, &mem_81947_cached_sizze_84822, tmp_55500);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:227:23-36
+    // model.fut:228:23-36
     if (mem_81955_cached_sizze_84823 < tmp_55500) {
         err = lexical_realloc(ctx, &mem_81955, &mem_81955_cached_sizze_84823, tmp_55500);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:205:28-41
+    // model.fut:206:28-41
     if (mem_82045_cached_sizze_84825 < tmp_55500) {
         err = lexical_realloc(ctx, &mem_82045, &mem_82045_cached_sizze_84825, tmp_55500);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:192:26-197:33
+    // model.fut:193:26-198:33
     if (mem_82301_cached_sizze_84838 < binop_x_82265) {
         err = lexical_realloc(ctx, &mem_82301, &mem_82301_cached_sizze_84838, binop_x_82265);
         if (err != FUTHARK_SUCCESS)
@@ -14141,11 +14141,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:224:34-227:42
+        // model.fut:225:34-228:42
         
         int64_t binop_x_81934 = (int64_t) 4 * tmp_55469;
         
-        // model.fut:224:34-227:42
+        // model.fut:225:34-228:42
         
         int64_t bytes_81935 = dims_39221 * binop_x_81934;
         
@@ -14165,15 +14165,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t bytes_82079 = zl_rhs_55448 * binop_x_81934;
         
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         
         int64_t binop_x_82098 = tmp_55469 * binop_x_82097;
         
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         
         int64_t bytes_82099 = d_55902 * binop_x_82098;
         
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         
         int64_t bytes_82103 = tmp_55469 * binop_x_82098;
         
@@ -14181,7 +14181,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t bytes_82266 = tmp_55469 * binop_x_82265;
         
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         
         int64_t bytes_82285 = tmp_55500 * binop_x_81934;
         
@@ -14201,7 +14201,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t sequential_arg1_55671 = mul64(dims_39221, zt_lhs_55670);
         
-        // model.fut:71:6-92:63
+        // model.fut:71:6-93:63
         
         bool cond_55672;
         
@@ -14234,22 +14234,22 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool bounds_invalid_upwards_55826 = slt64(lmad_arg_82023, (int64_t) 0);
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool valid_55827 = !bounds_invalid_upwards_55826;
         bool protect_assert_disj_83988 = cond_55673 || valid_55827;
         bool protect_assert_disj_83992 = cond_55672 || protect_assert_disj_83988;
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool range_valid_c_55828;
         
         if (!protect_assert_disj_83992) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:91:25-36\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14261,7 +14261,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t sequential_arg1_55910 = mul64(tmp_55500, lmad_arg_82023);
         
-        // model.fut:71:6-92:63
+        // model.fut:71:6-93:63
         
         bool cond_55911;
         
@@ -14299,7 +14299,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t sequential_arg1_55921 = mul64(dims_39221, lmad_arg_82022);
         
-        // model.fut:71:6-92:63
+        // model.fut:71:6-93:63
         
         bool cond_55922;
         
@@ -14337,7 +14337,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t sequential_arg1_55927 = mul64(dims_39221, lmad_arg_82023);
         
-        // model.fut:71:6-92:63
+        // model.fut:71:6-93:63
         
         bool cond_55928;
         
@@ -14379,7 +14379,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t sequential_arg1_55943 = mul64(dims_39221, zt_lhs_55942);
         
-        // model.fut:71:6-92:63
+        // model.fut:71:6-93:63
         
         bool cond_55944;
         
@@ -14413,11 +14413,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool bounds_invalid_upwards_55949 = slt64(lmad_arg_82022, (int64_t) 0);
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool valid_55956 = !bounds_invalid_upwards_55949;
         
@@ -14433,12 +14433,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55966 = loop_not_taken_55542 || protect_assert_disj_55965;
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool range_valid_c_55967;
         
         if (!protect_assert_disj_55966) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82022, " is invalid.", "-> #0  model.fut:91:25-36\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82022, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14450,12 +14450,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55969 = loop_not_taken_55542 || protect_assert_disj_55968;
         
-        // model.fut:89:47-50
+        // model.fut:90:47-50
         
         bool nonzzero_cert_55970;
         
         if (!protect_assert_disj_55969) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:89:47-50\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14467,12 +14467,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55973 = loop_not_taken_55542 || protect_assert_disj_55972;
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool range_valid_c_55974;
         
         if (!protect_assert_disj_55973) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:91:25-36\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14484,12 +14484,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55976 = loop_not_taken_55542 || protect_assert_disj_55975;
         
-        // model.fut:89:47-50
+        // model.fut:90:47-50
         
         bool nonzzero_cert_55977;
         
         if (!protect_assert_disj_55976) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:89:47-50\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14501,12 +14501,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55979 = loop_not_taken_55542 || protect_assert_disj_55978;
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool range_valid_c_55980;
         
         if (!protect_assert_disj_55979) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:91:25-36\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14518,12 +14518,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55982 = loop_not_taken_55542 || protect_assert_disj_55981;
         
-        // model.fut:89:47-50
+        // model.fut:90:47-50
         
         bool nonzzero_cert_55983;
         
         if (!protect_assert_disj_55982) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:89:47-50\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14535,12 +14535,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55985 = loop_not_taken_55542 || protect_assert_disj_55984;
         
-        // model.fut:91:25-36
+        // model.fut:92:25-36
         
         bool range_valid_c_55986;
         
         if (!protect_assert_disj_55985) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:91:25-36\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14552,12 +14552,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool protect_assert_disj_55988 = loop_not_taken_55542 || protect_assert_disj_55987;
         
-        // model.fut:89:47-50
+        // model.fut:90:47-50
         
         bool nonzzero_cert_55989;
         
         if (!protect_assert_disj_55988) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:89:47-50\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14800,57 +14800,57 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 }
             }
         }
-        // model.fut:224:34-227:42
+        // model.fut:225:34-228:42
         if (memblock_alloc(ctx, &mem_81936, bytes_81935, "mem_81936")) {
             err = 1;
             goto cleanup;
         }
-        // model.fut:224:34-227:42
+        // model.fut:225:34-228:42
         if (mem_81938_cached_sizze_84821 < binop_x_81934) {
             err = lexical_realloc(ctx, &mem_81938, &mem_81938_cached_sizze_84821, binop_x_81934);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:224:34-227:42
+        // model.fut:225:34-228:42
         for (int64_t i_81113 = 0; i_81113 < tmp_55469; i_81113++) {
             int64_t index_primexp_81775 = tmp_55468 + i_81113;
             int32_t eta_p_59332 = ((int32_t *) tokens_mem_81876.mem)[index_primexp_81775];
             
-            // model.fut:225:55-63
+            // model.fut:226:55-63
             
             bool y_59335 = slt64(i_81113, dims_39220);
             
-            // model.fut:225:55-63
+            // model.fut:226:55-63
             
             bool index_certs_59337;
             
             if (!y_59335) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81113, "] out of bounds for array of shape [", (long long) dims_39220, "].", "-> #0  model.fut:225:55-63\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81113, "] out of bounds for array of shape [", (long long) dims_39220, "].", "-> #0  model.fut:226:55-63\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:225:42-53
+            // model.fut:226:42-53
             
             int64_t i32_res_59339 = sext_i32_i64(eta_p_59332);
             
-            // model.fut:225:38-54
+            // model.fut:226:38-54
             
             bool y_59341 = slt64(i32_res_59339, dims_39224);
             
-            // model.fut:225:38-54
+            // model.fut:226:38-54
             
             bool x_59340 = sle64((int64_t) 0, i32_res_59339);
             
-            // model.fut:225:38-54
+            // model.fut:226:38-54
             
             bool bounds_check_59342 = x_59340 && y_59341;
             
-            // model.fut:225:38-54
+            // model.fut:226:38-54
             
             bool index_certs_59343;
             
             if (!bounds_check_59342) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59339, "] out of bounds for array of shape [", (long long) dims_39224, "].", "-> #0  model.fut:225:38-54\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59339, "] out of bounds for array of shape [", (long long) dims_39224, "].", "-> #0  model.fut:226:38-54\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14858,7 +14858,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             int64_t binop_x_81770 = dims_39221 * i32_res_59339;
             int64_t binop_x_81767 = dims_39221 * i_81113;
             
-            // model.fut:98:17-45
+            // model.fut:99:17-45
             
             float defunc_res_73183;
             float redout_81101 = 0.0F;
@@ -14871,15 +14871,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 int64_t index_primexp_81769 = matrix_arg1_55521 + binop_y_81768;
                 float eta_p_59392 = ((float *) params_mem_81879.mem)[index_primexp_81769];
                 
-                // model.fut:225:34-37
+                // model.fut:226:34-37
                 
                 float defunc_0_f_res_59393 = eta_p_59391 + eta_p_59392;
                 
-                // model.fut:98:39-42
+                // model.fut:99:39-42
                 
                 float lifted_lambda_res_59395 = defunc_0_f_res_59393 * defunc_0_f_res_59393;
                 
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float zp_res_59358 = lifted_lambda_res_59395 + redout_81101;
                 
@@ -14890,27 +14890,27 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 redout_81101 = redout_tmp_84344;
             }
             defunc_res_73183 = redout_81101;
-            // model.fut:98:47-58
+            // model.fut:99:47-58
             
             float zp_lhs_59359 = defunc_res_73183 / i64_res_58854;
             
-            // model.fut:98:59-65
+            // model.fut:99:59-65
             
             float sqrt_arg0_59360 = 1.0e-5F + zp_lhs_59359;
             
-            // model.fut:98:7-65
+            // model.fut:99:7-65
             
             float sqrt_res_59361 = futrts_sqrt32(sqrt_arg0_59360);
             
-            // model.fut:98:5-66
+            // model.fut:99:5-66
             
             float rms_scale_res_59362 = 1.0F / sqrt_res_59361;
             
-            // model.fut:227:23-36
+            // model.fut:228:23-36
             for (int64_t i_81107 = 0; i_81107 < dims_39221; i_81107++) {
                 float eta_p_59365 = ((float *) mem_81947)[i_81107];
                 
-                // model.fut:227:27-32
+                // model.fut:228:27-32
                 
                 float lifted_lambda_res_59366 = rms_scale_res_59362 * eta_p_59365;
                 
@@ -14927,11 +14927,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t lmad_arg_82025 = dims_39222 * binop_x_82024;
         
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         
         int64_t lmad_arg_82115 = tmp_55469 * d_55902;
         
-        // model.fut:200:74-205:47
+        // model.fut:201:74-206:47
         if (mem_82034_cached_sizze_84824 < bytes_81935) {
             err = lexical_realloc(ctx, &mem_82034, &mem_82034_cached_sizze_84824, bytes_81935);
             if (err != FUTHARK_SUCCESS)
@@ -14949,31 +14949,31 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         if (mem_82100_cached_sizze_84828 < bytes_82099) {
             err = lexical_realloc(ctx, &mem_82100, &mem_82100_cached_sizze_84828, bytes_82099);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:215:28-216:54
+        // model.fut:216:28-217:54
         if (mem_82104_cached_sizze_84829 < bytes_82103) {
             err = lexical_realloc(ctx, &mem_82104, &mem_82104_cached_sizze_84829, bytes_82103);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:167:16-168:31
+        // model.fut:168:16-169:31
         if (mem_82125_cached_sizze_84830 < binop_x_81934) {
             err = lexical_realloc(ctx, &mem_82125, &mem_82125_cached_sizze_84830, binop_x_81934);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:169:11-170:20
+        // model.fut:170:11-171:20
         if (mem_82133_cached_sizze_84831 < binop_x_81934) {
             err = lexical_realloc(ctx, &mem_82133, &mem_82133_cached_sizze_84831, binop_x_81934);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         if (mem_82183_cached_sizze_84832 < bytes_81935) {
             err = lexical_realloc(ctx, &mem_82183, &mem_82183_cached_sizze_84832, bytes_81935);
             if (err != FUTHARK_SUCCESS)
@@ -14985,13 +14985,13 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         if (mem_82223_cached_sizze_84834 < binop_x_81934) {
             err = lexical_realloc(ctx, &mem_82223, &mem_82223_cached_sizze_84834, binop_x_81934);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:192:61-195:48
+        // model.fut:193:61-196:48
         if (mem_82226_cached_sizze_84835 < bytes_81935) {
             err = lexical_realloc(ctx, &mem_82226, &mem_82226_cached_sizze_84835, bytes_81935);
             if (err != FUTHARK_SUCCESS)
@@ -15003,7 +15003,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:192:26-197:33
+        // model.fut:193:26-198:33
         if (mem_82286_cached_sizze_84837 < bytes_82285) {
             err = lexical_realloc(ctx, &mem_82286, &mem_82286_cached_sizze_84837, bytes_82285);
             if (err != FUTHARK_SUCCESS)
@@ -15019,117 +15019,117 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         if (memblock_set(ctx, &mem_param_81972, &mem_81936, "mem_81936") != 0)
             return 1;
         for (int64_t l_55558 = 0; l_55558 < dims_39223; l_55558++) {
-            // model.fut:153:27-30
+            // model.fut:154:27-30
             
             int64_t zp_rhs_55570 = mul64((int64_t) 6, l_55558);
             
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_55571 = add64((int64_t) 3, zp_rhs_55570);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_55572 = sle64((int64_t) 0, tmp_55571);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_55573 = slt64(tmp_55571, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_55574 = x_55572 && y_55573;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_55575;
             
             if (!bounds_check_55574) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55571, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:30-31\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55571, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_55579 = add64((int64_t) 6, zp_rhs_55570);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_55580 = sle64((int64_t) 0, tmp_55579);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_55581 = slt64(tmp_55579, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_55582 = x_55580 && y_55581;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_55583;
             
             if (!bounds_check_55582) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55579, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:60-61\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55579, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_55587 = add64((int64_t) 7, zp_rhs_55570);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_55588 = sle64((int64_t) 0, tmp_55587);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_55589 = slt64(tmp_55587, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_55590 = x_55588 && y_55589;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_55591;
             
             if (!bounds_check_55590) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55587, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:29-30\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55587, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_55595 = add64((int64_t) 8, zp_rhs_55570);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_55596 = sle64((int64_t) 0, tmp_55595);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_55597 = slt64(tmp_55595, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_55598 = x_55596 && y_55597;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_55599;
             
             if (!bounds_check_55598) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55595, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:59-60\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55595, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_55576 = ((int64_t *) layout_mem_81874.mem)[tmp_55571];
             
-            // model.fut:200:74-205:47
+            // model.fut:201:74-206:47
             for (int64_t i_81126 = 0; i_81126 < tmp_55469; i_81126++) {
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float defunc_res_73188;
                 float redout_81116 = 0.0F;
@@ -15137,11 +15137,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 for (int64_t i_81117 = 0; i_81117 < dims_39221; i_81117++) {
                     float eta_p_59571 = ((float *) mem_param_81972.mem)[i_81126 * dims_39221 + i_81117];
                     
-                    // model.fut:98:39-42
+                    // model.fut:99:39-42
                     
                     float lifted_lambda_res_59572 = eta_p_59571 * eta_p_59571;
                     
-                    // model.fut:98:17-45
+                    // model.fut:99:17-45
                     
                     float zp_res_59529 = lifted_lambda_res_59572 + redout_81116;
                     float redout_tmp_84361 = zp_res_59529;
@@ -15149,27 +15149,27 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     redout_81116 = redout_tmp_84361;
                 }
                 defunc_res_73188 = redout_81116;
-                // model.fut:98:47-58
+                // model.fut:99:47-58
                 
                 float zp_lhs_59530 = defunc_res_73188 / i64_res_58854;
                 
-                // model.fut:98:59-65
+                // model.fut:99:59-65
                 
                 float sqrt_arg0_59531 = 1.0e-5F + zp_lhs_59530;
                 
-                // model.fut:98:7-65
+                // model.fut:99:7-65
                 
                 float sqrt_res_59532 = futrts_sqrt32(sqrt_arg0_59531);
                 
-                // model.fut:98:5-66
+                // model.fut:99:5-66
                 
                 float rms_scale_res_59533 = 1.0F / sqrt_res_59532;
                 
-                // model.fut:205:28-41
+                // model.fut:206:28-41
                 for (int64_t i_81120 = 0; i_81120 < dims_39221; i_81120++) {
                     float eta_p_59536 = ((float *) mem_param_81972.mem)[i_81126 * dims_39221 + i_81120];
                     
-                    // model.fut:205:32-37
+                    // model.fut:206:32-37
                     
                     float lifted_lambda_res_59537 = rms_scale_res_59533 * eta_p_59536;
                     
@@ -15210,7 +15210,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     ((float *) mem_82061)[i_81137 * tmp_55469 + i_81133] = defunc_res_73190;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_55584 = ((int64_t *) layout_mem_81874.mem)[tmp_55579];
             
@@ -15225,9 +15225,9 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     ((float *) mem_82080)[i_81145 * zl_rhs_55448 + i_81141] = lifted_lambda_res_59010;
                 }
             }
-            // model.fut:215:28-216:54
+            // model.fut:216:28-217:54
             for (int64_t i_81181 = 0; i_81181 < dims_39222; i_81181++) {
-                // model.fut:175:33-36
+                // model.fut:176:33-36
                 
                 int64_t tmp_59026 = mul64(d_55902, i_81181);
                 
@@ -15235,9 +15235,9 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 
                 int64_t slice_59028 = dims_39221 + tmp_59026;
                 
-                // model.fut:200:71-211:97
+                // model.fut:201:71-212:97
                 for (int64_t i_81165 = 0; i_81165 < tmp_55469; i_81165++) {
-                    // model.fut:167:16-168:31
+                    // model.fut:168:16-169:31
                     
                     float defunc_0_reduce_res_73194;
                     float redout_81150 = -INFINITY;
@@ -15266,15 +15266,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             redout_81147 = redout_tmp_84373;
                         }
                         defunc_res_73193 = redout_81147;
-                        // model.fut:211:72-79
+                        // model.fut:212:72-79
                         
                         float lifted_lambda_res_59600 = f64_res_55906 * defunc_res_73193;
                         
-                        // model.fut:167:30-60
+                        // model.fut:168:30-60
                         
                         bool cond_59602 = sle64(i_81152, i_81165);
                         
-                        // model.fut:167:30-60
+                        // model.fut:168:30-60
                         
                         float lifted_lambda_res_59603;
                         
@@ -15283,7 +15283,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         } else {
                             lifted_lambda_res_59603 = -INFINITY;
                         }
-                        // model.fut:168:13-31
+                        // model.fut:169:13-31
                         
                         float max_res_59054 = fmax32(lifted_lambda_res_59603, redout_81150);
                         
@@ -15294,7 +15294,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         redout_81150 = redout_tmp_84371;
                     }
                     defunc_0_reduce_res_73194 = redout_81150;
-                    // model.fut:169:11-170:20
+                    // model.fut:170:11-171:20
                     
                     float defunc_res_73196;
                     float redout_81155 = 0.0F;
@@ -15302,15 +15302,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     for (int64_t i_81157 = 0; i_81157 < tmp_55469; i_81157++) {
                         float eta_p_59578 = ((float *) mem_82125)[i_81157];
                         
-                        // model.fut:169:33-38
+                        // model.fut:170:33-38
                         
                         float exp_arg0_59579 = eta_p_59578 - defunc_0_reduce_res_73194;
                         
-                        // model.fut:169:22-38
+                        // model.fut:170:22-38
                         
                         float exp_res_59580 = futrts_exp32(exp_arg0_59579);
                         
-                        // model.fut:170:11-20
+                        // model.fut:171:11-20
                         
                         float zp_res_59063 = exp_res_59580 + redout_81155;
                         
@@ -15321,20 +15321,20 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         redout_81155 = redout_tmp_84374;
                     }
                     defunc_res_73196 = redout_81155;
-                    // model.fut:171:6-17
+                    // model.fut:172:6-17
                     for (int64_t i_81161 = 0; i_81161 < tmp_55469; i_81161++) {
                         float eta_p_59065 = ((float *) mem_82133)[i_81161];
                         
-                        // model.fut:171:10-15
+                        // model.fut:172:10-15
                         
                         float lifted_lambda_res_59066 = eta_p_59065 / defunc_res_73196;
                         
                         ((float *) mem_82104)[i_81181 * binop_x_82024 + i_81165 * tmp_55469 + i_81161] = lifted_lambda_res_59066;
                     }
                 }
-                // model.fut:215:16-90
+                // model.fut:216:16-90
                 for (int64_t i_81175 = 0; i_81175 < tmp_55469; i_81175++) {
-                    // model.fut:215:16-90
+                    // model.fut:216:16-90
                     for (int64_t i_81171 = 0; i_81171 < d_55902; i_81171++) {
                         // train.fut:48:20-66
                         
@@ -15344,7 +15344,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_59081 = tmp_59015 + binop_y_59080;
                         
-                        // model.fut:215:41-89
+                        // model.fut:216:41-89
                         
                         float defunc_res_73199;
                         float redout_81167 = 0.0F;
@@ -15353,11 +15353,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             float eta_p_59618 = ((float *) mem_82104)[i_81181 * binop_x_82024 + (i_81175 * tmp_55469 + i_81168)];
                             float zzip_copy_transformed_row_59619 = ((float *) mem_82080)[i_81168 * zl_rhs_55448 + index_primexp_59081];
                             
-                            // model.fut:215:69-76
+                            // model.fut:216:69-76
                             
                             float lifted_lambda_res_59620 = eta_p_59618 * zzip_copy_transformed_row_59619;
                             
-                            // model.fut:215:41-89
+                            // model.fut:216:41-89
                             
                             float zp_res_59091 = lifted_lambda_res_59620 + redout_81167;
                             float redout_tmp_84379 = zp_res_59091;
@@ -15369,19 +15369,19 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     }
                 }
             }
-            // model.fut:179:3-60
+            // model.fut:180:3-60
             for (int64_t i_81190 = 0; i_81190 < tmp_55469; i_81190++) {
-                // model.fut:179:3-60
+                // model.fut:180:3-60
                 for (int64_t i_81186 = 0; i_81186 < dims_39221; i_81186++) {
-                    // model.fut:179:46-49
+                    // model.fut:180:46-49
                     
                     int64_t tmp_59097 = sdiv64(i_81186, d_55902);
                     
-                    // model.fut:179:56-59
+                    // model.fut:180:56-59
                     
                     int64_t tmp_59098 = smod64(i_81186, d_55902);
                     
-                    // model.fut:179:38-60
+                    // model.fut:180:38-60
                     
                     float lifted_lambda_res_59099 = ((float *) mem_82100)[tmp_59097 * lmad_arg_82115 + i_81190 * d_55902 + tmp_59098];
                     
@@ -15420,13 +15420,13 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     ((float *) mem_82202)[i_81200 * tmp_55469 + i_81196] = defunc_res_73206;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_55592 = ((int64_t *) layout_mem_81874.mem)[tmp_55587];
             
-            // model.fut:192:61-195:48
+            // model.fut:193:61-196:48
             for (int64_t i_81217 = 0; i_81217 < tmp_55469; i_81217++) {
-                // model.fut:98:17-45
+                // model.fut:99:17-45
                 
                 float defunc_res_73208;
                 float redout_81203 = 0.0F;
@@ -15438,15 +15438,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float lifted_lambda_res_59659 = ((float *) mem_82202)[i_81205 * tmp_55469 + i_81217];
                     
-                    // model.fut:111:14-17
+                    // model.fut:112:14-17
                     
                     float defunc_0_f_res_59661 = eta_p_59653 + lifted_lambda_res_59659;
                     
-                    // model.fut:98:39-42
+                    // model.fut:99:39-42
                     
                     float lifted_lambda_res_59663 = defunc_0_f_res_59661 * defunc_0_f_res_59661;
                     
-                    // model.fut:98:17-45
+                    // model.fut:99:17-45
                     
                     float zp_res_59510 = lifted_lambda_res_59663 + redout_81203;
                     
@@ -15457,27 +15457,27 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     redout_81203 = redout_tmp_84388;
                 }
                 defunc_res_73208 = redout_81203;
-                // model.fut:98:47-58
+                // model.fut:99:47-58
                 
                 float zp_lhs_59511 = defunc_res_73208 / i64_res_58854;
                 
-                // model.fut:98:59-65
+                // model.fut:99:59-65
                 
                 float sqrt_arg0_59512 = 1.0e-5F + zp_lhs_59511;
                 
-                // model.fut:98:7-65
+                // model.fut:99:7-65
                 
                 float sqrt_res_59513 = futrts_sqrt32(sqrt_arg0_59512);
                 
-                // model.fut:98:5-66
+                // model.fut:99:5-66
                 
                 float rms_scale_res_59514 = 1.0F / sqrt_res_59513;
                 
-                // model.fut:195:29-42
+                // model.fut:196:29-42
                 for (int64_t i_81209 = 0; i_81209 < dims_39221; i_81209++) {
                     float eta_p_59517 = ((float *) mem_82226)[i_81217 * dims_39221 + i_81209];
                     
-                    // model.fut:195:33-38
+                    // model.fut:196:33-38
                     
                     float lifted_lambda_res_59518 = rms_scale_res_59514 * eta_p_59517;
                     
@@ -15517,19 +15517,19 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     ((float *) mem_82267)[i_81229 * tmp_55469 + i_81225] = defunc_res_73211;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_55600 = ((int64_t *) layout_mem_81874.mem)[tmp_55595];
             
-            // model.fut:192:26-197:33
+            // model.fut:193:26-198:33
             for (int64_t i_81242 = 0; i_81242 < tmp_55469; i_81242++) {
-                // model.fut:192:26-197:33
+                // model.fut:193:26-198:33
                 for (int64_t i_81235 = 0; i_81235 < tmp_55500; i_81235++) {
                     // model.fut:43:31-38
                     
                     float lifted_lambda_res_59675 = ((float *) mem_82267)[i_81235 * tmp_55469 + i_81242];
                     
-                    // model.fut:94:26-37
+                    // model.fut:95:26-37
                     
                     float max_res_59677 = fmax32(0.0F, lifted_lambda_res_59675);
                     
@@ -15570,14 +15570,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     ((float *) mem_82324)[i_81253 * tmp_55469 + i_81249] = defunc_res_73215;
                 }
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             if (memblock_alloc(ctx, &mem_82343, bytes_81935, "mem_82343")) {
                 err = 1;
                 goto cleanup;
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             for (int64_t i_81261 = 0; i_81261 < tmp_55469; i_81261++) {
-                // model.fut:110:29-111:22
+                // model.fut:111:29-112:22
                 for (int64_t i_81257 = 0; i_81257 < dims_39221; i_81257++) {
                     float eta_p_59682 = ((float *) mem_82226)[i_81261 * dims_39221 + i_81257];
                     
@@ -15585,7 +15585,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float lifted_lambda_res_59688 = ((float *) mem_82324)[i_81257 * tmp_55469 + i_81261];
                     
-                    // model.fut:111:14-17
+                    // model.fut:112:14-17
                     
                     float defunc_0_f_res_59690 = eta_p_59682 + lifted_lambda_res_59688;
                     
@@ -15812,7 +15812,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t bw_55682 = sdiv_safe64(zs_lhs_55675, blocks_39219);
         
-        // model.fut:89:20-91:37
+        // model.fut:90:20-92:37
         
         int64_t bytes_82467 = (int64_t) 4 * lmad_arg_82023;
         
@@ -16416,23 +16416,23 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 if (memblock_set(ctx, &ext_mem_82558, &mem_82538, "mem_82538") != 0)
                     return 1;
             } else {
-                // model.fut:89:20-91:37
+                // model.fut:90:20-92:37
                 if (mem_82468_cached_sizze_84844 < bytes_82467) {
                     err = lexical_realloc(ctx, &mem_82468, &mem_82468_cached_sizze_84844, bytes_82467);
                     if (err != FUTHARK_SUCCESS)
                         goto cleanup;
                 }
-                // model.fut:89:20-91:37
+                // model.fut:90:20-92:37
                 for (int64_t i_81306 = 0; i_81306 < lmad_arg_82023; i_81306++) {
-                    // model.fut:89:47-50
+                    // model.fut:90:47-50
                     
                     int64_t tmp_55835 = sdiv64(i_81306, dims_39221);
                     
-                    // model.fut:89:54-57
+                    // model.fut:90:54-57
                     
                     int64_t tmp_55836 = smod64(i_81306, dims_39221);
                     
-                    // model.fut:90:44-93
+                    // model.fut:91:44-93
                     
                     float lifted_lambda_res_55837;
                     float acc_55839 = 0.0F;
@@ -16638,7 +16638,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         float lifted_quad_res_55882 = zp_lhs_55876 + zp_rhs_55881;
                         
-                        // model.fut:90:81-93
+                        // model.fut:91:81-93
                         
                         float loopres_55883 = acc_55839 + lifted_quad_res_55882;
                         float acc_tmp_84427 = loopres_55883;
@@ -16648,30 +16648,30 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     lifted_lambda_res_55837 = acc_55839;
                     ((float *) mem_82468)[i_81306] = lifted_lambda_res_55837;
                 }
-                // model.fut:92:11-62
+                // model.fut:93:11-62
                 if (memblock_alloc(ctx, &mem_82477, bytes_81935, "mem_82477")) {
                     err = 1;
                     goto cleanup;
                 }
-                // model.fut:92:11-62
+                // model.fut:93:11-62
                 if (mem_82483_cached_sizze_84845 < tmp_55500) {
                     err = lexical_realloc(ctx, &mem_82483, &mem_82483_cached_sizze_84845, tmp_55500);
                     if (err != FUTHARK_SUCCESS)
                         goto cleanup;
                 }
-                // model.fut:92:11-62
+                // model.fut:93:11-62
                 for (int64_t i_81314 = 0; i_81314 < tmp_55469; i_81314++) {
-                    // model.fut:92:54-57
+                    // model.fut:93:54-57
                     
                     int64_t zp_lhs_55888 = mul64(dims_39221, i_81314);
                     
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     for (int64_t i_81310 = 0; i_81310 < dims_39221; i_81310++) {
-                        // model.fut:92:58-61
+                        // model.fut:93:58-61
                         
                         int64_t tmp_55891 = add64(zp_lhs_55888, i_81310);
                         
-                        // model.fut:92:46-62
+                        // model.fut:93:46-62
                         
                         float lifted_lambda_res_55892 = ((float *) mem_82468)[tmp_55891];
                         
@@ -16745,7 +16745,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t bw_55918 = sdiv_safe64(zs_lhs_55914, blocks_39219);
         
-        // model.fut:89:20-91:37
+        // model.fut:90:20-92:37
         
         int64_t bytes_82634 = (int64_t) 4 * lmad_arg_82022;
         
@@ -16817,19 +16817,19 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         if (mem_83191_cached_sizze_84866 < bytes_81935) {
             err = lexical_realloc(ctx, &mem_83191, &mem_83191_cached_sizze_84866, bytes_81935);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         if (mem_83194_cached_sizze_84867 < bytes_81935) {
             err = lexical_realloc(ctx, &mem_83194, &mem_83194_cached_sizze_84867, bytes_81935);
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // model.fut:179:3-60
+        // model.fut:180:3-60
         if (mem_83197_cached_sizze_84868 < bytes_81935) {
             err = lexical_realloc(ctx, &mem_83197, &mem_83197_cached_sizze_84868, bytes_81935);
             if (err != FUTHARK_SUCCESS)
@@ -16864,111 +16864,111 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:27-30
+            // model.fut:154:27-30
             
             int64_t zp_rhs_56026 = mul64((int64_t) 6, l_56013);
             
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_56045 = add64((int64_t) 8, zp_rhs_56026);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_56047 = slt64(tmp_56045, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_56046 = sle64((int64_t) 0, tmp_56045);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_56048 = x_56046 && y_56047;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_56049;
             
             if (!bounds_check_56048) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56045, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:59-60\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56045, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_56033 = add64((int64_t) 6, zp_rhs_56026);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_56035 = slt64(tmp_56033, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_56034 = sle64((int64_t) 0, tmp_56033);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_56036 = x_56034 && y_56035;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_56037;
             
             if (!bounds_check_56036) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56033, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:60-61\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56033, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_56039 = add64((int64_t) 7, zp_rhs_56026);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_56041 = slt64(tmp_56039, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_56040 = sle64((int64_t) 0, tmp_56039);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_56042 = x_56040 && y_56041;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_56043;
             
             if (!bounds_check_56042) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56039, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:155:29-30\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56039, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:31-34
+            // model.fut:154:31-34
             
             int64_t tmp_56027 = add64((int64_t) 3, zp_rhs_56026);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool y_56029 = slt64(tmp_56027, l_39210);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool x_56028 = sle64((int64_t) 0, tmp_56027);
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool bounds_check_56030 = x_56028 && y_56029;
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             bool index_certs_56031;
             
             if (!bounds_check_56030) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56027, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:153:14-35\n   #1  model.fut:154:30-31\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56027, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_56050 = ((int64_t *) layout_mem_81874.mem)[tmp_56045];
             
@@ -17567,23 +17567,23 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     if (memblock_set(ctx, &ext_mem_82725, &mem_82705, "mem_82705") != 0)
                         return 1;
                 } else {
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     if (mem_82635_cached_sizze_84851 < bytes_82634) {
                         err = lexical_realloc(ctx, &mem_82635, &mem_82635_cached_sizze_84851, bytes_82634);
                         if (err != FUTHARK_SUCCESS)
                             goto cleanup;
                     }
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     for (int64_t i_81330 = 0; i_81330 < lmad_arg_82022; i_81330++) {
-                        // model.fut:89:47-50
+                        // model.fut:90:47-50
                         
                         int64_t tmp_56192 = sdiv64(i_81330, tmp_55500);
                         
-                        // model.fut:89:54-57
+                        // model.fut:90:54-57
                         
                         int64_t tmp_56193 = smod64(i_81330, tmp_55500);
                         
-                        // model.fut:90:44-93
+                        // model.fut:91:44-93
                         
                         float lifted_lambda_res_56194;
                         float acc_56196 = 0.0F;
@@ -17789,7 +17789,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             float lifted_quad_res_56239 = zp_lhs_56233 + zp_rhs_56238;
                             
-                            // model.fut:90:81-93
+                            // model.fut:91:81-93
                             
                             float loopres_56240 = acc_56196 + lifted_quad_res_56239;
                             float acc_tmp_84462 = loopres_56240;
@@ -17799,30 +17799,30 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         lifted_lambda_res_56194 = acc_56196;
                         ((float *) mem_82635)[i_81330] = lifted_lambda_res_56194;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     if (memblock_alloc(ctx, &mem_82644, bytes_82285, "mem_82644")) {
                         err = 1;
                         goto cleanup;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     if (mem_82650_cached_sizze_84852 < binop_x_82265) {
                         err = lexical_realloc(ctx, &mem_82650, &mem_82650_cached_sizze_84852, binop_x_82265);
                         if (err != FUTHARK_SUCCESS)
                             goto cleanup;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     for (int64_t i_81338 = 0; i_81338 < tmp_55469; i_81338++) {
-                        // model.fut:92:54-57
+                        // model.fut:93:54-57
                         
                         int64_t zp_lhs_56244 = mul64(tmp_55500, i_81338);
                         
-                        // model.fut:92:11-62
+                        // model.fut:93:11-62
                         for (int64_t i_81334 = 0; i_81334 < tmp_55500; i_81334++) {
-                            // model.fut:92:58-61
+                            // model.fut:93:58-61
                             
                             int64_t tmp_56247 = add64(zp_lhs_56244, i_81334);
                             
-                            // model.fut:92:46-62
+                            // model.fut:93:46-62
                             
                             float lifted_lambda_res_56248 = ((float *) mem_82635)[tmp_56247];
                             
@@ -17862,11 +17862,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             }
             if (memblock_unref(ctx, &ext_mem_82756, "ext_mem_82756") != 0)
                 return 1;
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_56038 = ((int64_t *) layout_mem_81874.mem)[tmp_56033];
             
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_56044 = ((int64_t *) layout_mem_81874.mem)[tmp_56039];
             
@@ -18458,23 +18458,23 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     if (memblock_set(ctx, &ext_mem_82867, &mem_82847, "mem_82847") != 0)
                         return 1;
                 } else {
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     if (mem_82777_cached_sizze_84856 < bytes_82467) {
                         err = lexical_realloc(ctx, &mem_82777, &mem_82777_cached_sizze_84856, bytes_82467);
                         if (err != FUTHARK_SUCCESS)
                             goto cleanup;
                     }
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     for (int64_t i_81362 = 0; i_81362 < lmad_arg_82023; i_81362++) {
-                        // model.fut:89:47-50
+                        // model.fut:90:47-50
                         
                         int64_t tmp_56398 = sdiv64(i_81362, dims_39221);
                         
-                        // model.fut:89:54-57
+                        // model.fut:90:54-57
                         
                         int64_t tmp_56399 = smod64(i_81362, dims_39221);
                         
-                        // model.fut:90:44-93
+                        // model.fut:91:44-93
                         
                         float lifted_lambda_res_56400;
                         float acc_56402 = 0.0F;
@@ -18680,7 +18680,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             float lifted_quad_res_56445 = zp_lhs_56439 + zp_rhs_56444;
                             
-                            // model.fut:90:81-93
+                            // model.fut:91:81-93
                             
                             float loopres_56446 = acc_56402 + lifted_quad_res_56445;
                             float acc_tmp_84481 = loopres_56446;
@@ -18690,24 +18690,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         lifted_lambda_res_56400 = acc_56402;
                         ((float *) mem_82777)[i_81362] = lifted_lambda_res_56400;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     if (memblock_alloc(ctx, &mem_82786, bytes_81935, "mem_82786")) {
                         err = 1;
                         goto cleanup;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     for (int64_t i_81370 = 0; i_81370 < tmp_55469; i_81370++) {
-                        // model.fut:92:54-57
+                        // model.fut:93:54-57
                         
                         int64_t zp_lhs_56450 = mul64(dims_39221, i_81370);
                         
-                        // model.fut:92:11-62
+                        // model.fut:93:11-62
                         for (int64_t i_81366 = 0; i_81366 < dims_39221; i_81366++) {
-                            // model.fut:92:58-61
+                            // model.fut:93:58-61
                             
                             int64_t tmp_56453 = add64(zp_lhs_56450, i_81366);
                             
-                            // model.fut:92:46-62
+                            // model.fut:93:46-62
                             
                             float lifted_lambda_res_56454 = ((float *) mem_82777)[tmp_56453];
                             
@@ -18720,7 +18720,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 if (memblock_set(ctx, &ext_mem_82898, &ext_mem_82867, "ext_mem_82867") != 0)
                     return 1;
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             for (int64_t i_81380 = 0; i_81380 < tmp_55469; i_81380++) {
                 float eta_p_59959 = ((float *) mem_81917)[l_56013 * tmp_55469 + i_81380];
                 
@@ -18745,29 +18745,29 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     redout_81372 = redout_tmp_84485;
                 }
                 defunc_res_73770 = redout_81372;
-                // model.fut:107:28-39
+                // model.fut:108:28-39
                 
                 float mean_dy_y_59970 = defunc_res_73770 / i64_res_58854;
                 
-                // model.fut:110:29-111:22
+                // model.fut:111:29-112:22
                 for (int64_t i_81376 = 0; i_81376 < dims_39221; i_81376++) {
                     float eta_p_60037 = ((float *) ext_mem_82898.mem)[i_81380 * dims_39221 + i_81376];
                     float eta_p_60038 = ((float *) mem_81929)[l_56013 * lmad_arg_82023 + i_81380 * dims_39221 + i_81376];
                     float eta_p_60039 = ((float *) mem_param_82609.mem)[i_81380 * dims_39221 + i_81376];
                     
-                    // model.fut:108:33-44
+                    // model.fut:109:33-44
                     
                     float zm_rhs_60040 = mean_dy_y_59970 * eta_p_60038;
                     
-                    // model.fut:108:28-44
+                    // model.fut:109:28-44
                     
                     float zt_rhs_60041 = eta_p_60037 - zm_rhs_60040;
                     
-                    // model.fut:108:23-44
+                    // model.fut:109:23-44
                     
                     float lifted_lambda_res_60042 = eta_p_59959 * zt_rhs_60041;
                     
-                    // model.fut:111:14-17
+                    // model.fut:112:14-17
                     
                     float defunc_0_f_res_60044 = eta_p_60039 + lifted_lambda_res_60042;
                     
@@ -19364,23 +19364,23 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     if (memblock_set(ctx, &ext_mem_83009, &mem_82989, "mem_82989") != 0)
                         return 1;
                 } else {
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     if (mem_82919_cached_sizze_84858 < bytes_82467) {
                         err = lexical_realloc(ctx, &mem_82919, &mem_82919_cached_sizze_84858, bytes_82467);
                         if (err != FUTHARK_SUCCESS)
                             goto cleanup;
                     }
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     for (int64_t i_81396 = 0; i_81396 < lmad_arg_82023; i_81396++) {
-                        // model.fut:89:47-50
+                        // model.fut:90:47-50
                         
                         int64_t tmp_56605 = sdiv64(i_81396, dims_39221);
                         
-                        // model.fut:89:54-57
+                        // model.fut:90:54-57
                         
                         int64_t tmp_56606 = smod64(i_81396, dims_39221);
                         
-                        // model.fut:90:44-93
+                        // model.fut:91:44-93
                         
                         float lifted_lambda_res_56607;
                         float acc_56609 = 0.0F;
@@ -19586,7 +19586,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             float lifted_quad_res_56652 = zp_lhs_56646 + zp_rhs_56651;
                             
-                            // model.fut:90:81-93
+                            // model.fut:91:81-93
                             
                             float loopres_56653 = acc_56609 + lifted_quad_res_56652;
                             float acc_tmp_84501 = loopres_56653;
@@ -19596,24 +19596,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         lifted_lambda_res_56607 = acc_56609;
                         ((float *) mem_82919)[i_81396] = lifted_lambda_res_56607;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     if (memblock_alloc(ctx, &mem_82928, bytes_81935, "mem_82928")) {
                         err = 1;
                         goto cleanup;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     for (int64_t i_81404 = 0; i_81404 < tmp_55469; i_81404++) {
-                        // model.fut:92:54-57
+                        // model.fut:93:54-57
                         
                         int64_t zp_lhs_56657 = mul64(dims_39221, i_81404);
                         
-                        // model.fut:92:11-62
+                        // model.fut:93:11-62
                         for (int64_t i_81400 = 0; i_81400 < dims_39221; i_81400++) {
-                            // model.fut:92:58-61
+                            // model.fut:93:58-61
                             
                             int64_t tmp_56660 = add64(zp_lhs_56657, i_81400);
                             
-                            // model.fut:92:46-62
+                            // model.fut:93:46-62
                             
                             float lifted_lambda_res_56661 = ((float *) mem_82919)[tmp_56660];
                             
@@ -19628,7 +19628,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             }
             // train.fut:80:85-97:54
             for (int64_t i_81462 = 0; i_81462 < dims_39222; i_81462++) {
-                // model.fut:175:33-36
+                // model.fut:176:33-36
                 
                 int64_t tmp_58004 = mul64(d_55902, i_81462);
                 
@@ -19792,27 +19792,27 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             }
             if (memblock_unref(ctx, &ext_mem_83040, "ext_mem_83040") != 0)
                 return 1;
-            // model.fut:179:3-60
+            // model.fut:180:3-60
             for (int64_t i_81482 = 0; i_81482 < tmp_55469; i_81482++) {
-                // model.fut:179:3-60
+                // model.fut:180:3-60
                 for (int64_t i_81472 = 0; i_81472 < dims_39221; i_81472++) {
-                    // model.fut:179:46-49
+                    // model.fut:180:46-49
                     
                     int64_t tmp_60807 = sdiv64(i_81472, d_55902);
                     
-                    // model.fut:179:56-59
+                    // model.fut:180:56-59
                     
                     int64_t tmp_60808 = smod64(i_81472, d_55902);
                     
-                    // model.fut:179:38-60
+                    // model.fut:180:38-60
                     
                     float lifted_lambda_res_60809 = ((float *) mem_83052)[tmp_60807 * lmad_arg_82115 + i_81482 * d_55902 + tmp_60808];
                     
-                    // model.fut:179:38-60
+                    // model.fut:180:38-60
                     
                     float lifted_lambda_res_60813 = ((float *) mem_83048)[tmp_60807 * lmad_arg_82115 + i_81482 * d_55902 + tmp_60808];
                     
-                    // model.fut:179:38-60
+                    // model.fut:180:38-60
                     
                     float lifted_lambda_res_60818 = ((float *) mem_83044)[tmp_60807 * lmad_arg_82115 + i_81482 * d_55902 + tmp_60808];
                     
@@ -19821,7 +19821,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     ((float *) mem_83197)[i_81482 * dims_39221 + i_81472] = lifted_lambda_res_60809;
                 }
             }
-            // model.fut:153:14-35
+            // model.fut:154:14-35
             
             int64_t lifted_at_res_56032 = ((int64_t *) layout_mem_81874.mem)[tmp_56027];
             
@@ -20749,23 +20749,23 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     if (memblock_set(ctx, &ext_mem_83337, &mem_83317, "mem_83317") != 0)
                         return 1;
                 } else {
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     if (mem_83247_cached_sizze_84869 < bytes_82467) {
                         err = lexical_realloc(ctx, &mem_83247, &mem_83247_cached_sizze_84869, bytes_82467);
                         if (err != FUTHARK_SUCCESS)
                             goto cleanup;
                     }
-                    // model.fut:89:20-91:37
+                    // model.fut:90:20-92:37
                     for (int64_t i_81500 = 0; i_81500 < lmad_arg_82023; i_81500++) {
-                        // model.fut:89:47-50
+                        // model.fut:90:47-50
                         
                         int64_t tmp_56929 = sdiv64(i_81500, dims_39221);
                         
-                        // model.fut:89:54-57
+                        // model.fut:90:54-57
                         
                         int64_t tmp_56930 = smod64(i_81500, dims_39221);
                         
-                        // model.fut:90:44-93
+                        // model.fut:91:44-93
                         
                         float lifted_lambda_res_56931;
                         float acc_56933 = 0.0F;
@@ -21139,7 +21139,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             float lifted_quad_res_57012 = zp_lhs_57006 + zp_rhs_57011;
                             
-                            // model.fut:90:81-93
+                            // model.fut:91:81-93
                             
                             float loopres_57013 = acc_56933 + lifted_quad_res_57012;
                             float acc_tmp_84543 = loopres_57013;
@@ -21149,24 +21149,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         lifted_lambda_res_56931 = acc_56933;
                         ((float *) mem_83247)[i_81500] = lifted_lambda_res_56931;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     if (memblock_alloc(ctx, &mem_83256, bytes_81935, "mem_83256")) {
                         err = 1;
                         goto cleanup;
                     }
-                    // model.fut:92:11-62
+                    // model.fut:93:11-62
                     for (int64_t i_81508 = 0; i_81508 < tmp_55469; i_81508++) {
-                        // model.fut:92:54-57
+                        // model.fut:93:54-57
                         
                         int64_t zp_lhs_57017 = mul64(dims_39221, i_81508);
                         
-                        // model.fut:92:11-62
+                        // model.fut:93:11-62
                         for (int64_t i_81504 = 0; i_81504 < dims_39221; i_81504++) {
-                            // model.fut:92:58-61
+                            // model.fut:93:58-61
                             
                             int64_t tmp_57020 = add64(zp_lhs_57017, i_81504);
                             
-                            // model.fut:92:46-62
+                            // model.fut:93:46-62
                             
                             float lifted_lambda_res_57021 = ((float *) mem_83247)[tmp_57020];
                             
@@ -21179,12 +21179,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 if (memblock_set(ctx, &ext_mem_83368, &ext_mem_83337, "ext_mem_83337") != 0)
                     return 1;
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             if (memblock_alloc(ctx, &mem_83371, bytes_81935, "mem_83371")) {
                 err = 1;
                 goto cleanup;
             }
-            // model.fut:110:29-111:22
+            // model.fut:111:29-112:22
             for (int64_t i_81518 = 0; i_81518 < tmp_55469; i_81518++) {
                 float eta_p_59933 = ((float *) mem_81914)[l_56013 * tmp_55469 + i_81518];
                 
@@ -21209,29 +21209,29 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     redout_81510 = redout_tmp_84547;
                 }
                 defunc_res_74419 = redout_81510;
-                // model.fut:107:28-39
+                // model.fut:108:28-39
                 
                 float mean_dy_y_59944 = defunc_res_74419 / i64_res_58854;
                 
-                // model.fut:110:29-111:22
+                // model.fut:111:29-112:22
                 for (int64_t i_81514 = 0; i_81514 < dims_39221; i_81514++) {
                     float eta_p_60021 = ((float *) ext_mem_83368.mem)[i_81518 * dims_39221 + i_81514];
                     float eta_p_60022 = ((float *) mem_81925)[l_56013 * lmad_arg_82023 + i_81518 * dims_39221 + i_81514];
                     float eta_p_60023 = ((float *) mem_82597)[l_56013 * lmad_arg_82023 + (i_81518 * dims_39221 + i_81514)];
                     
-                    // model.fut:108:33-44
+                    // model.fut:109:33-44
                     
                     float zm_rhs_60024 = mean_dy_y_59944 * eta_p_60022;
                     
-                    // model.fut:108:28-44
+                    // model.fut:109:28-44
                     
                     float zt_rhs_60025 = eta_p_60021 - zm_rhs_60024;
                     
-                    // model.fut:108:23-44
+                    // model.fut:109:23-44
                     
                     float lifted_lambda_res_60026 = eta_p_59933 * zt_rhs_60025;
                     
-                    // model.fut:111:14-17
+                    // model.fut:112:14-17
                     
                     float defunc_0_f_res_60028 = eta_p_60023 + lifted_lambda_res_60026;
                     
@@ -21296,24 +21296,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 redout_81520 = redout_tmp_84551;
             }
             defunc_res_74435 = redout_81520;
-            // model.fut:107:28-39
+            // model.fut:108:28-39
             
             float mean_dy_y_58419 = defunc_res_74435 / i64_res_58854;
             
-            // model.fut:108:6-51
+            // model.fut:109:6-51
             for (int64_t i_81524 = 0; i_81524 < dims_39221; i_81524++) {
                 float eta_p_58421 = ((float *) ext_mem_83414.mem)[i_81528 * dims_39221 + i_81524];
                 float eta_p_58422 = ((float *) mem_81936.mem)[i_81528 * dims_39221 + i_81524];
                 
-                // model.fut:108:33-44
+                // model.fut:109:33-44
                 
                 float zm_rhs_58423 = mean_dy_y_58419 * eta_p_58422;
                 
-                // model.fut:108:28-44
+                // model.fut:109:28-44
                 
                 float zt_rhs_58424 = eta_p_58421 - zm_rhs_58423;
                 
-                // model.fut:108:23-44
+                // model.fut:109:23-44
                 
                 float lifted_lambda_res_58425 = eta_p_57041 * zt_rhs_58424;
                 
@@ -21478,7 +21478,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         int64_t index_primexp_81634 = map_arg1_57079 + i_81532;
                         float eta_p_57084 = ((float *) mem_81898)[l_57051 * lmad_arg_82022 + i_81536 * tmp_55500 + index_primexp_81634];
                         
-                        // model.fut:94:26-37
+                        // model.fut:95:26-37
                         
                         float max_res_57085 = fmax32(0.0F, eta_p_57084);
                         
@@ -25383,53 +25383,53 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
     unsigned char *mem_81878 = NULL;
     bool prim_out_84300;
     
-    // model.fut:132:15-133:49
+    // model.fut:133:15-134:49
     
     int64_t bytes_81875 = (int64_t) 8 * l_23986;
     
-    // model.fut:121:29-39
+    // model.fut:122:29-39
     
     int64_t tmp_44239 = mul64((int64_t) 4, n_embd_23988);
     
-    // model.fut:132:15-133:49
+    // model.fut:133:15-134:49
     if (mem_81876_cached_sizze_84879 < bytes_81875) {
         err = lexical_realloc(ctx, &mem_81876, &mem_81876_cached_sizze_84879, bytes_81875);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:132:15-133:49
+    // model.fut:133:15-134:49
     if (mem_81878_cached_sizze_84880 < bytes_81875) {
         err = lexical_realloc(ctx, &mem_81878, &mem_81878_cached_sizze_84880, bytes_81875);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // model.fut:132:15-133:49
+    // model.fut:133:15-134:49
     
     int64_t inpacc_73208;
     int64_t inpacc_59302 = (int64_t) 0;
     
     for (int64_t i_81117 = 0; i_81117 < l_23986; i_81117++) {
-        // model.fut:122:6-125:74
+        // model.fut:123:6-126:74
         
         bool cond_81631 = i_81117 == (int64_t) 0;
         
-        // model.fut:122:21-25
+        // model.fut:123:21-25
         
         bool cond_f_res_81632 = i_81117 == (int64_t) 2;
         
-        // model.fut:131:22-132:61
+        // model.fut:132:22-133:61
         
         bool x_81633 = !cond_81631;
         
-        // model.fut:131:22-132:61
+        // model.fut:132:22-133:61
         
         bool y_81634 = cond_f_res_81632 && x_81633;
         
-        // model.fut:131:22-132:61
+        // model.fut:132:22-133:61
         
         bool cond_81635 = cond_81631 || y_81634;
         
-        // model.fut:122:6-125:74
+        // model.fut:123:6-126:74
         
         int64_t matrix_shape_res_81636;
         int64_t matrix_shape_res_81637;
@@ -25438,11 +25438,11 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
             matrix_shape_res_81636 = vocab_23991;
             matrix_shape_res_81637 = n_embd_23988;
         } else {
-            // model.fut:123:11-125:74
+            // model.fut:124:11-126:74
             
             bool cond_81638 = i_81117 == (int64_t) 1;
             
-            // model.fut:123:11-125:74
+            // model.fut:124:11-126:74
             
             int64_t matrix_shape_res_f_res_81639;
             int64_t matrix_shape_res_f_res_81640;
@@ -25451,19 +25451,19 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
                 matrix_shape_res_f_res_81639 = block_sizze_23987;
                 matrix_shape_res_f_res_81640 = n_embd_23988;
             } else {
-                // model.fut:124:22-25
+                // model.fut:125:22-25
                 
                 int64_t zv_lhs_81641 = sub64(i_81117, (int64_t) 3);
                 
-                // model.fut:124:27-30
+                // model.fut:125:27-30
                 
                 int64_t k_81642 = smod64(zv_lhs_81641, (int64_t) 6);
                 
-                // model.fut:125:14-74
+                // model.fut:126:14-74
                 
                 bool cond_81643 = k_81642 == (int64_t) 4;
                 
-                // model.fut:131:22-132:61
+                // model.fut:132:22-133:61
                 
                 int64_t matrix_shape_res_f_res_f_res_81644;
                 
@@ -25472,18 +25472,18 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
                 } else {
                     matrix_shape_res_f_res_f_res_81644 = n_embd_23988;
                 }
-                // model.fut:131:22-132:61
+                // model.fut:132:22-133:61
                 
                 int64_t matrix_shape_res_f_res_f_res_81645;
                 
                 if (cond_81643) {
                     matrix_shape_res_f_res_f_res_81645 = n_embd_23988;
                 } else {
-                    // model.fut:125:41-74
+                    // model.fut:126:41-74
                     
                     bool cond_81646 = k_81642 == (int64_t) 5;
                     
-                    // model.fut:131:22-132:61
+                    // model.fut:132:22-133:61
                     
                     int64_t matrix_shape_res_f_res_f_res_f_res_81647;
                     
@@ -25500,11 +25500,11 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
             matrix_shape_res_81636 = matrix_shape_res_f_res_81639;
             matrix_shape_res_81637 = matrix_shape_res_f_res_81640;
         }
-        // model.fut:132:70-76
+        // model.fut:133:70-76
         
         int64_t lifted_lambda_res_81648 = mul64(matrix_shape_res_81636, matrix_shape_res_81637);
         
-        // model.fut:133:31-34
+        // model.fut:134:31-34
         
         int64_t defunc_0_op_res_59341 = add64(inpacc_59302, lifted_lambda_res_81648);
         
@@ -25516,45 +25516,45 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
         inpacc_59302 = inpacc_tmp_84301;
     }
     inpacc_73208 = inpacc_59302;
-    // model.fut:134:17-28
+    // model.fut:135:17-28
     
     int64_t zp_rhs_24033 = mul64((int64_t) 6, n_layer_23990);
     
-    // model.fut:134:13-28
+    // model.fut:135:13-28
     
     int64_t zeze_rhs_24035 = add64((int64_t) 3, zp_rhs_24033);
     
-    // model.fut:134:6-136:54
+    // model.fut:135:6-137:54
     
     bool cond_24037 = l_23986 == zeze_rhs_24035;
     
-    // model.fut:134:6-136:54
+    // model.fut:135:6-137:54
     
     bool cond_24038;
     
     if (cond_24037) {
-        // model.fut:134:41-51
+        // model.fut:135:41-51
         
         bool zzero_73183 = n_head_23989 == (int64_t) 0;
         
-        // model.fut:134:41-51
+        // model.fut:135:41-51
         
         bool nonzzero_73184 = !zzero_73183;
         
-        // model.fut:134:41-51
+        // model.fut:135:41-51
         
         bool nonzzero_cert_73185;
         
         if (!nonzzero_73184) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:134:41-51\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:135:41-51\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // model.fut:134:41-51
+        // model.fut:135:41-51
         
         int64_t zeze_lhs_73186 = smod64(n_embd_23988, n_head_23989);
         
-        // model.fut:134:52-56
+        // model.fut:135:52-56
         
         bool cond_t_res_73187 = zeze_lhs_73186 == (int64_t) 0;
         
@@ -25562,12 +25562,12 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
     } else {
         cond_24038 = 0;
     }
-    // model.fut:134:6-136:54
+    // model.fut:135:6-137:54
     
     bool cond_24045;
     
     if (cond_24038) {
-        // model.fut:135:9-37
+        // model.fut:136:9-37
         
         bool defunc_0_reduce_res_73189;
         bool redout_81120 = 1;
@@ -25576,11 +25576,11 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
             int64_t eta_p_73190 = ((int64_t *) layout_mem_81874.mem)[i_81121];
             int64_t eta_p_73191 = ((int64_t *) mem_81876)[i_81121];
             
-            // model.fut:135:19-23
+            // model.fut:136:19-23
             
             bool defunc_0_f_res_73192 = eta_p_73190 == eta_p_73191;
             
-            // model.fut:135:9-37
+            // model.fut:136:9-37
             
             bool x_73195 = defunc_0_f_res_73192 && redout_81120;
             bool redout_tmp_84304 = x_73195;
@@ -25592,60 +25592,60 @@ FUTHARK_FUN_ATTR int futrts_layout_fits_9251(struct futhark_context *ctx, bool *
     } else {
         cond_24045 = 0;
     }
-    // model.fut:134:6-136:54
+    // model.fut:135:6-137:54
     
     bool layout_fits_res_24052;
     
     if (cond_24045) {
-        // model.fut:136:10-53
+        // model.fut:137:10-53
         
         bool cond_73197 = l_23986 == (int64_t) 0;
         
-        // model.fut:136:10-53
+        // model.fut:137:10-53
         
         bool layout_fits_res_t_res_73198;
         
         if (cond_73197) {
             layout_fits_res_t_res_73198 = 1;
         } else {
-            // model.fut:136:29-32
+            // model.fut:137:29-32
             
             int64_t zp_lhs_73199 = sub64(l_23986, (int64_t) 1);
             
-            // model.fut:136:20-33
+            // model.fut:137:20-33
             
             bool x_73200 = sle64((int64_t) 0, zp_lhs_73199);
             
-            // model.fut:136:20-33
+            // model.fut:137:20-33
             
             bool y_73201 = slt64(zp_lhs_73199, l_23986);
             
-            // model.fut:136:20-33
+            // model.fut:137:20-33
             
             bool bounds_check_73202 = x_73200 && y_73201;
             
-            // model.fut:136:20-33
+            // model.fut:137:20-33
             
             bool index_certs_73203;
             
             if (!bounds_check_73202) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_73199, "] out of bounds for array of shape [", (long long) l_23986, "].", "-> #0  model.fut:136:20-33\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_73199, "] out of bounds for array of shape [", (long long) l_23986, "].", "-> #0  model.fut:137:20-33\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // model.fut:136:20-33
+            // model.fut:137:20-33
             
             int64_t zp_lhs_73204 = ((int64_t *) mem_81876)[zp_lhs_73199];
             
-            // model.fut:136:36-48
+            // model.fut:137:36-48
             
             int64_t zp_rhs_73205 = ((int64_t *) mem_81878)[zp_lhs_73199];
             
-            // model.fut:136:34-48
+            // model.fut:137:34-48
             
             int64_t zeze_lhs_73206 = add64(zp_lhs_73204, zp_rhs_73205);
             
-            // model.fut:136:49-53
+            // model.fut:137:49-53
             
             bool layout_fits_res_t_res_f_res_73207 = zeze_lhs_73206 == p_23992;
             
