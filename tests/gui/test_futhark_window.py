@@ -1,0 +1,83 @@
+"""The window training on the Futhark backends (built from the shipped C, no
+Futhark compiler needed), checked against the same backend driven straight
+through the engine; and a failed Futhark train call, which uses up the
+weights, reported with a way back."""
+import numpy as np
+import pytest
+from PySide6.QtWidgets import QListWidget, QSpinBox
+
+import engine
+from engine.backends.futhark_backend import FutharkBackend
+from futhark_support import MULTICORE_2_THREADS
+from test_window import TIMEOUT_MS, click, curve, set_steps, train_to_end, wait_state, widget
+
+pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")]
+
+STEPS = 300
+
+
+def engine_losses(backend_name, corpus, steps):
+    """The window's run of `tiny` for `steps` steps, straight through the engine."""
+    p = engine.PRESETS["tiny"]
+    train = engine.TrainConfig(num_steps=steps, learning_rate=p.train.learning_rate,
+                               init_std=p.train.init_std, seed=p.train.seed)
+    backend = engine.open_backend(backend_name, p.model, train, corpus)
+    try:
+        return backend.train(steps)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("name", ["futhark-c", MULTICORE_2_THREADS])
+def test_a_futhark_run_in_the_window_is_the_engines(name, make_window, names_path, names_corpus, qtbot):
+    window = make_window(names_path)
+    assert window.config_panel.select_backend(name)
+    train_to_end(qtbot, window, STEPS)
+    x, y = curve(window)
+    expected = engine_losses(name, names_corpus, STEPS)
+    np.testing.assert_array_equal(x, np.arange(STEPS))
+    np.testing.assert_array_equal(y.astype(np.float32), expected)  # the same kernel: bit for bit
+    np.testing.assert_allclose(expected, engine_losses("numpy", names_corpus, STEPS), rtol=0, atol=1e-4)
+    samples = widget(window, QListWidget, "samplesList")
+    widget(window, QSpinBox, "sampleCountSpin").setValue(6)
+    click(qtbot, window, "sampleButton")
+    qtbot.waitUntil(lambda: samples.count() == 6, timeout=TIMEOUT_MS)
+    names = [samples.item(i).text() for i in range(samples.count())]
+    assert set("".join(names)) <= set(window.corpus.chars) and any(names)
+
+
+def test_a_failed_train_call_is_reported_and_reset_trains_again(make_window, names_path, qtbot, monkeypatch):
+    """The third train call fails inside Futhark: the weights it consumed are gone,
+    which the window says, and sampling then says why it cannot; Reset starts over."""
+    calls = []
+    real_call = FutharkBackend._call
+
+    def failing_third_train(self, entry, *args):
+        if entry == "train":
+            calls.append(entry)
+            if len(calls) == 3:
+                raise engine.BackendError("Futhark (c) train failed: out of memory")
+        return real_call(self, entry, *args)
+
+    monkeypatch.setattr(FutharkBackend, "_call", failing_third_train)
+    window = make_window(names_path)
+    shown = []
+    window.message_hook = lambda parent, kind, title, text, details: shown.append((kind, text))
+    assert window.config_panel.select_backend("futhark-c")
+    widget(window, QSpinBox, "stepsSpin").setValue(STEPS)
+    click(qtbot, window, "trainButton")
+    qtbot.waitUntil(lambda: any("out of memory" in text for _, text in shown), timeout=TIMEOUT_MS)
+    wait_state(qtbot, window, "done")
+    kind, text = next((k, t) for k, t in shown if "out of memory" in t)
+    assert kind == "error" and "used them up (load a checkpoint or reset to go on)" in text
+    steps_done = window.loss_plot.series.n
+    assert 0 < steps_done < STEPS  # the two good calls' losses stay on the curve
+
+    click(qtbot, window, "sampleButton")
+    qtbot.waitUntil(lambda: any("has no weights" in text for _, text in shown), timeout=TIMEOUT_MS)
+
+    click(qtbot, window, "resetButton")
+    wait_state(qtbot, window, "none")
+    set_steps(window, 40)
+    train_to_end(qtbot, window, 40)
+    assert window.loss_plot.series.n == 40
