@@ -108,7 +108,8 @@ def adam_at (a: adam) (step: i64) (ok: bool): update =
 -- non-finite loss (or gradient) stops the loop without applying that
 -- step's update (its loss is reported, the later entries stay NaN), so the
 -- weights keep the parameters from before it.  The steps update the
--- buffers of `w` in place (update_all): `w` is consumed.
+-- weights' buffers in place (update_all): the weights passed in are
+-- consumed.
 def train_steps [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [p]) (k: i64)
                              : (weights [p], [k]f32) =
   let c = s.dims.n_embd

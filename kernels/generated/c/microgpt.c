@@ -6243,7 +6243,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool nonzzero_cert_47949;
     
     if (!nonzzero_47948) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  microgpt.fut:45:18-21\n   #1  microgpt.fut:170:30-171:33\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  microgpt.fut:45:18-21\n   #1  microgpt.fut:171:30-172:33\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6268,7 +6268,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_47954;
     
     if (!bounds_check_47953) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_47950, "] out of bounds for array of shape [", (long long) d_39735, "].", "-> #0  microgpt.fut:46:7-21\n   #1  microgpt.fut:170:30-171:33\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_47950, "] out of bounds for array of shape [", (long long) d_39735, "].", "-> #0  microgpt.fut:46:7-21\n   #1  microgpt.fut:171:30-172:33\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6280,113 +6280,113 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     
     int64_t tmp_47956 = ((int64_t *) windows_mem_81877.mem)[doc_47950];
     
-    // microgpt.fut:172:37-40
+    // microgpt.fut:173:37-40
     
     int64_t inputs_47957 = add64(tmp_47955, tmp_47956);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool empty_slice_47958 = tmp_47956 == (int64_t) 0;
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     int64_t m_47959 = sub64(tmp_47956, (int64_t) 1);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     int64_t i_p_m_t_s_47960 = add64(tmp_47955, m_47959);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool zzero_leq_i_p_m_t_s_47961 = sle64((int64_t) 0, i_p_m_t_s_47960);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool i_p_m_t_s_leq_w_47962 = slt64(i_p_m_t_s_47960, n_39734);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool zzero_lte_i_47963 = sle64((int64_t) 0, tmp_47955);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool i_lte_j_47964 = sle64(tmp_47955, inputs_47957);
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool y_47965 = i_p_m_t_s_leq_w_47962 && zzero_lte_i_47963;
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool y_47966 = zzero_leq_i_p_m_t_s_47961 && y_47965;
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool forwards_ok_47967 = i_lte_j_47964 && y_47966;
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool ok_or_empty_47968 = empty_slice_47958 || forwards_ok_47967;
     
-    // microgpt.fut:172:16-41
+    // microgpt.fut:173:16-41
     
     bool index_certs_47969;
     
     if (!ok_or_empty_47968) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_47955, ":", (long long) inputs_47957, "] out of bounds for array of shape [", (long long) n_39734, "].", "-> #0  microgpt.fut:172:16-41\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_47955, ":", (long long) inputs_47957, "] out of bounds for array of shape [", (long long) n_39734, "].", "-> #0  microgpt.fut:173:16-41\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // microgpt.fut:173:32-35
+    // microgpt.fut:174:32-35
     
     int64_t targets_47971 = add64((int64_t) 1, tmp_47955);
     
-    // microgpt.fut:173:46-49
+    // microgpt.fut:174:46-49
     
     int64_t targets_47972 = add64(tmp_47956, targets_47971);
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     int64_t i_p_m_t_s_47976 = add64(m_47959, targets_47971);
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool zzero_leq_i_p_m_t_s_47977 = sle64((int64_t) 0, i_p_m_t_s_47976);
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool i_p_m_t_s_leq_w_47978 = slt64(i_p_m_t_s_47976, n_39734);
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool zzero_lte_i_47979 = sle64((int64_t) 0, targets_47971);
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool i_lte_j_47980 = sle64(targets_47971, targets_47972);
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool y_47981 = i_p_m_t_s_leq_w_47978 && zzero_lte_i_47979;
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool y_47982 = zzero_leq_i_p_m_t_s_47977 && y_47981;
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool forwards_ok_47983 = i_lte_j_47980 && y_47982;
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool ok_or_empty_47984 = empty_slice_47958 || forwards_ok_47983;
     
-    // microgpt.fut:173:17-50
+    // microgpt.fut:174:17-50
     
     bool index_certs_47985;
     
     if (!ok_or_empty_47984) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) targets_47971, ":", (long long) targets_47972, "] out of bounds for array of shape [", (long long) n_39734, "].", "-> #0  microgpt.fut:173:17-50\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) targets_47971, ":", (long long) targets_47972, "] out of bounds for array of shape [", (long long) n_39734, "].", "-> #0  microgpt.fut:174:17-50\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6407,7 +6407,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_47992;
     
     if (!y_47991) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:16-25\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:16-25\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6432,7 +6432,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool dim_ok_cert_48000;
     
     if (!binop_y_47998) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_47994, "] to array of shape [", (long long) dims_39747, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  model.fut:242:29-57\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_47994, "] to array of shape [", (long long) dims_39747, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  model.fut:242:29-57\n   #3  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6445,7 +6445,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_48002;
     
     if (!y_48001) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:43-52\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:43-52\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6462,7 +6462,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool dim_ok_cert_48008;
     
     if (!binop_x_48006) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48004, "] to array of shape [", (long long) dims_39743, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  model.fut:242:29-57\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48004, "] to array of shape [", (long long) dims_39743, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  model.fut:242:29-57\n   #3  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6475,7 +6475,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_48010;
     
     if (!y_48009) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:70-79\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:162:70-79\n   #1  model.fut:242:29-57\n   #2  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6497,7 +6497,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool dim_ok_cert_48020;
     
     if (!protect_assert_disj_48019) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48014, "] to array of shape [", (long long) tmp_47989, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48014, "] to array of shape [", (long long) tmp_47989, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6519,7 +6519,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool dim_ok_cert_48030;
     
     if (!protect_assert_disj_48029) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48025, "] to array of shape [", (long long) tmp_47990, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:156:13-35\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_48025, "] to array of shape [", (long long) tmp_47990, "][", (long long) dims_39744, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:156:13-35\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6537,7 +6537,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool nonzzero_cert_58955;
     
     if (!protect_assert_disj_59221) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:203:13-21\n   #1  model.fut:245:14-67\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:203:13-21\n   #1  model.fut:245:14-67\n   #2  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6559,7 +6559,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool range_valid_c_59020;
     
     if (!protect_assert_disj_59223) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_39745, " is invalid.", "-> #0  model.fut:217:43-54\n   #1  model.fut:245:14-67\n   #2  microgpt.fut:174:12-16\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_39745, " is invalid.", "-> #0  model.fut:217:43-54\n   #1  model.fut:245:14-67\n   #2  microgpt.fut:175:12-16\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6706,7 +6706,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_59317;
         
         if (!y_59315) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81111, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:226:55-63\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81111, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:226:55-63\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -6731,7 +6731,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_59323;
         
         if (!bounds_check_59322) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:226:38-54\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:226:38-54\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -6931,7 +6931,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_48053;
         
         if (!bounds_check_48052) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48049, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48049, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -6956,7 +6956,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_48061;
         
         if (!bounds_check_48060) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48057, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48057, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -6981,7 +6981,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_48069;
         
         if (!bounds_check_48068) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48065, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48065, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -7006,7 +7006,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_48077;
         
         if (!bounds_check_48076) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48073, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_48073, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -7564,7 +7564,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_73323;
         
         if (!bounds_check_73322) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_73319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:234:42-59\n   #1  model.fut:246:20-33\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_73319, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:234:42-59\n   #1  model.fut:246:20-33\n   #2  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -8238,7 +8238,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_70633;
         
         if (!bounds_check_70632) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70629, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70629, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -8263,7 +8263,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_70667;
         
         if (!bounds_check_70666) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70663, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70663, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -8288,7 +8288,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_70766;
         
         if (!bounds_check_70765) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70762, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70762, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -8313,7 +8313,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_70814;
         
         if (!bounds_check_70813) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70810, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_70810, "] out of bounds for array of shape [", (long long) l_39733, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  model.fut:245:35-64\n   #3  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9883,7 +9883,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_72757;
         
         if (!y_72755) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81603, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:226:55-63\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81603, "] out of bounds for array of shape [", (long long) dims_39743, "].", "-> #0  model.fut:226:55-63\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9908,7 +9908,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool index_certs_72762;
         
         if (!bounds_check_72761) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_72758, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:226:38-54\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:174:12-16\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_72758, "] out of bounds for array of shape [", (long long) dims_39747, "].", "-> #0  model.fut:226:38-54\n   #1  model.fut:243:17-37\n   #2  microgpt.fut:175:12-16\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -10210,7 +10210,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     
     int64_t prim_out_84303;
     
-    // microgpt.fut:153:11-40
+    // microgpt.fut:154:11-40
     
     bool tmp_44748;
     
@@ -10218,34 +10218,34 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
         err = 1;
         goto cleanup;
     }
-    // microgpt.fut:153:3-98
+    // microgpt.fut:154:3-98
     
     bool assert_c_44749;
     
     if (!tmp_44748) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  microgpt.fut:153:3-98\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  microgpt.fut:154:3-98\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // microgpt.fut:153:3-98
+    // microgpt.fut:154:3-98
     
     int64_t bytes_81879 = (int64_t) 4 * p_24185;
     
-    // microgpt.fut:153:3-98
+    // microgpt.fut:154:3-98
     if (memblock_alloc(ctx, &mem_81880, bytes_81879, "mem_81880")) {
         err = 1;
         goto cleanup;
     }
-    // microgpt.fut:153:3-98
+    // microgpt.fut:154:3-98
     for (int64_t nest_i_84304 = 0; nest_i_84304 < p_24185; nest_i_84304++) {
         ((float *) mem_81880.mem)[nest_i_84304] = 0.0F;
     }
-    // microgpt.fut:153:74-87
+    // microgpt.fut:154:74-87
     if (memblock_alloc(ctx, &mem_81882, bytes_81879, "mem_81882")) {
         err = 1;
         goto cleanup;
     }
-    // microgpt.fut:153:74-87
+    // microgpt.fut:154:74-87
     for (int64_t nest_i_84305 = 0; nest_i_84305 < p_24185; nest_i_84305++) {
         ((float *) mem_81882.mem)[nest_i_84305] = 0.0F;
     }
@@ -10316,28 +10316,28 @@ FUTHARK_FUN_ATTR int futrts_entry_new_model(struct futhark_context *ctx, struct 
     int64_t prim_out_84313;
     int64_t prim_out_84314;
     
-    // microgpt.fut:143:17-81
+    // microgpt.fut:144:17-81
     
     int64_t bytes_81878 = (int64_t) 8 * d_23702;
     
-    // microgpt.fut:143:17-81
+    // microgpt.fut:144:17-81
     if (memblock_alloc(ctx, &mem_81879, bytes_81878, "mem_81879")) {
         err = 1;
         goto cleanup;
     }
-    // microgpt.fut:143:17-81
+    // microgpt.fut:144:17-81
     for (int64_t i_81102 = 0; i_81102 < d_23702; i_81102++) {
         int32_t eta_p_44747 = ((int32_t *) lengths_mem_81877.mem)[i_81102];
         
-        // microgpt.fut:143:53-67
+        // microgpt.fut:144:53-67
         
         int64_t i32_res_44748 = sext_i32_i64(eta_p_44747);
         
-        // microgpt.fut:143:68-71
+        // microgpt.fut:144:68-71
         
         int64_t min_arg1_44749 = sub64(i32_res_44748, (int64_t) 1);
         
-        // microgpt.fut:143:33-71
+        // microgpt.fut:144:33-71
         
         int64_t min_res_44750 = smin64(block_sizze_23706, min_arg1_44749);
         
@@ -10416,7 +10416,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     
     int64_t prim_out_84303;
     
-    // microgpt.fut:149:11-40
+    // microgpt.fut:150:11-40
     
     bool tmp_43348;
     
@@ -10424,12 +10424,12 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // microgpt.fut:149:3-62
+    // microgpt.fut:150:3-62
     
     bool assert_c_43349;
     
     if (!tmp_43348) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  microgpt.fut:149:3-62\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  microgpt.fut:150:3-62\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10664,11 +10664,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     int64_t binop_x_81884 = min_res_52932 * binop_x_81883;
     int64_t bytes_81885 = dims_43129 * binop_x_81884;
     
-    // microgpt.fut:181:3-83
+    // microgpt.fut:182:3-83
     
     int64_t binop_x_81887 = (int64_t) 4 * width_52929;
     
-    // microgpt.fut:181:3-83
+    // microgpt.fut:182:3-83
     
     int64_t bytes_81888 = num_samples_43142 * binop_x_81887;
     
@@ -10688,7 +10688,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     
     bool loop_cond_t_res_52939 = slt64((int64_t) 0, num_samples_43142);
     
-    // microgpt.fut:181:3-83
+    // microgpt.fut:182:3-83
     
     bool x_52940 = cond_52938 && loop_cond_t_res_52939;
     
@@ -10715,7 +10715,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool nonzzero_cert_53035;
     
     if (!protect_assert_disj_57940) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  sample.fut:54:14-17\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  sample.fut:54:14-17\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10729,7 +10729,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool index_certs_53042;
     
     if (!protect_assert_disj_57942) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:16-25\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:16-25\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10747,7 +10747,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_53047;
     
     if (!protect_assert_disj_57946) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53044, "] to array of shape [", (long long) dims_43132, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53044, "] to array of shape [", (long long) dims_43132, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10761,7 +10761,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool index_certs_53050;
     
     if (!protect_assert_disj_57948) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:43-52\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:43-52\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10779,7 +10779,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_53055;
     
     if (!protect_assert_disj_57952) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53052, "] to array of shape [", (long long) dims_43128, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53052, "] to array of shape [", (long long) dims_43128, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  sample.fut:56:29-57\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10793,7 +10793,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool index_certs_53058;
     
     if (!protect_assert_disj_57954) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:70-79\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:162:70-79\n   #1  sample.fut:56:29-57\n   #2  sample.fut:90:28-115:71\n   #3  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10823,7 +10823,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_53094;
     
     if (!protect_assert_disj_57958) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53090, "] to array of shape [", (long long) tmp_53031, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53090, "] to array of shape [", (long long) tmp_53031, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10845,7 +10845,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_53099;
     
     if (!protect_assert_disj_57960) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53096, "] to array of shape [", (long long) tmp_53032, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:156:13-35\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_53096, "] to array of shape [", (long long) tmp_53032, "][", (long long) dims_43129, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:156:13-35\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10867,7 +10867,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool range_valid_c_53104;
     
     if (!protect_assert_disj_57962) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_43130, " is invalid.", "-> #0  sample.fut:66:87-93\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:181:3-83\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_43130, " is invalid.", "-> #0  sample.fut:66:87-93\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:182:3-83\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -10903,13 +10903,13 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             }
         }
     }
-    // microgpt.fut:181:3-83
+    // microgpt.fut:182:3-83
     if (mem_81889_cached_sizze_84781 < bytes_81888) {
         err = lexical_realloc(ctx, &mem_81889, &mem_81889_cached_sizze_84781, bytes_81888);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // microgpt.fut:181:3-83
+    // microgpt.fut:182:3-83
     for (int64_t nest_i_84307 = 0; nest_i_84307 < width_52929; nest_i_84307++) {
         for (int64_t nest_i_84308 = 0; nest_i_84308 < num_samples_43142; nest_i_84308++) {
             ((int32_t *) mem_81889)[nest_i_84307 * num_samples_43142 + nest_i_84308] = i64_res_52928;
@@ -11076,16 +11076,16 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     loop_while_52955 = x_52940;
     pos_52960 = (int64_t) 0;
     while (loop_while_52955) {
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool dim_match_52961 = coercez2086Uz2083U_52951 == coercez2086Uz2088U_52953;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool empty_or_match_cert_52962;
         
         if (!dim_match_52961) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2088U_52953, "][", (long long) dz2086Uz2085U_52952, "][", (long long) dims_43129, "] cannot match shape of type \"[", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2083U_52951, "][", (long long) dz2086Uz2085U_52952, "][", (long long) dims_43129, "]f32\".", "-> #0  microgpt.fut:181:3-83\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2088U_52953, "][", (long long) dz2086Uz2085U_52952, "][", (long long) dims_43129, "] cannot match shape of type \"[", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2083U_52951, "][", (long long) dz2086Uz2085U_52952, "][", (long long) dims_43129, "]f32\".", "-> #0  microgpt.fut:182:3-83\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11097,24 +11097,24 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         bool cond_53009 = sle64(pos_52960, np_43121);
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool dim_match_53010 = coercez2086Uz2083U_52951 == coercez2089Uz2082U_52954;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool protect_assert_disj_53011 = cond_53009 || dim_match_53010;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool protect_assert_disj_53012 = cond_53007 || protect_assert_disj_53011;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool empty_or_match_cert_53013;
         
         if (!protect_assert_disj_53012) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) coercez2089Uz2082U_52954, "] cannot match shape of type \"[", (long long) coercez2086Uz2083U_52951, "]i32\".", "-> #0  microgpt.fut:181:3-83\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) coercez2089Uz2082U_52954, "] cannot match shape of type \"[", (long long) coercez2086Uz2083U_52951, "]i32\".", "-> #0  microgpt.fut:182:3-83\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11134,15 +11134,15 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         bool bounds_check_53018 = x_53016 && y_53017;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool loop_not_taken_53019 = !cond_53009;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool protect_assert_disj_53020 = bounds_check_53018 || loop_not_taken_53019;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool protect_assert_disj_53021 = cond_53007 || protect_assert_disj_53020;
         
@@ -11151,7 +11151,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         bool index_certs_53022;
         
         if (!protect_assert_disj_53021) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) replicate_arg1_53015, "] out of bounds for array of shape [", (long long) np_43121, "].", "-> #0  sample.fut:113:55-70\n   #1  microgpt.fut:181:3-83\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) replicate_arg1_53015, "] out of bounds for array of shape [", (long long) np_43121, "].", "-> #0  sample.fut:113:55-70\n   #1  microgpt.fut:182:3-83\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11200,7 +11200,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         bool index_certs_53065;
         
         if (!bounds_check_53064) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) pos_52960, "] out of bounds for array of shape [", (long long) dims_43128, "].", "-> #0  sample.fut:57:59-67\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:181:3-83\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) pos_52960, "] out of bounds for array of shape [", (long long) dims_43128, "].", "-> #0  sample.fut:57:59-67\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:182:3-83\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11258,7 +11258,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         bool index_certs_53307;
         
         if (!protect_assert_disj_57937) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) m_53081, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_52951, "].", "-> #0  sample.fut:121:27-64\n   #1  microgpt.fut:181:3-83\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) m_53081, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_52951, "].", "-> #0  sample.fut:121:27-64\n   #1  microgpt.fut:182:3-83\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11405,11 +11405,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             if (memblock_set(ctx, &ext_mem_81989, &mem_81924, "mem_81924") != 0)
                 return 1;
         }
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool x_53008 = !cond_53007;
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool protect_cond_conj_53023 = x_53008 && cond_53009;
         
@@ -11432,7 +11432,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 int32_t replicate_arg1_73580;
                 
                 if (protect_cond_conj_53023) {
-                    // microgpt.fut:181:3-83
+                    // microgpt.fut:182:3-83
                     
                     int32_t x_73581 = ((int32_t *) prefix_mem_81881.mem)[replicate_arg1_53015];
                     
@@ -11501,7 +11501,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53073;
             
             if (!bounds_check_53072) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_53069, "] out of bounds for array of shape [", (long long) dims_43132, "].", "-> #0  sample.fut:57:42-58\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_53069, "] out of bounds for array of shape [", (long long) dims_43132, "].", "-> #0  sample.fut:57:42-58\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11680,7 +11680,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53121;
             
             if (!bounds_check_53120) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53117, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53117, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11705,7 +11705,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53129;
             
             if (!bounds_check_53128) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53125, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53125, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11714,7 +11714,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53158;
             
             if (!y_53088) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ", ", (long long) i_53113, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_52960, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2083U_52951, "][", (long long) cache_52965, "].", "-> #0  sample.fut:65:19-53\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ", ", (long long) i_53113, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_52960, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2083U_52951, "][", (long long) cache_52965, "].", "-> #0  sample.fut:65:19-53\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11723,7 +11723,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53155;
             
             if (!y_53088) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ", ", (long long) i_53113, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_52960, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2083U_52951, "][", (long long) cache_52965, "].", "-> #0  sample.fut:64:19-53\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ", ", (long long) i_53113, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_52960, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_43131, "][", (long long) coercez2086Uz2083U_52951, "][", (long long) cache_52965, "].", "-> #0  sample.fut:64:19-53\n   #1  sample.fut:90:28-115:71\n   #2  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11748,7 +11748,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53137;
             
             if (!bounds_check_53136) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53133, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53133, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -11773,7 +11773,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53145;
             
             if (!bounds_check_53144) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53141, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53141, "] out of bounds for array of shape [", (long long) l_43117, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  sample.fut:60:15-44\n   #3  sample.fut:90:28-115:71\n   #4  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12624,7 +12624,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_53362;
             
             if (!bounds_check_53361) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53358, "] out of bounds for array of shape [", (long long) width_52929, "].", "-> #0  sample.fut:124:26-53\n   #1  microgpt.fut:181:3-83\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_53358, "] out of bounds for array of shape [", (long long) width_52929, "].", "-> #0  sample.fut:124:26-53\n   #1  microgpt.fut:182:3-83\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12675,7 +12675,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool p_and_eq_x_y_57928 = x_53301 && eq_x_zz_57925;
             bool cond_53326 = empty_slice_53080 || p_and_eq_x_y_57928;
             
-            // microgpt.fut:181:3-83
+            // microgpt.fut:182:3-83
             
             int64_t cache_53327;
             
@@ -12784,7 +12784,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                             bool index_certs_53353;
                             
                             if (!bounds_check_53352) {
-                                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_53349, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_52951, "].", "-> #0  sample.fut:123:68-81\n   #1  microgpt.fut:181:3-83\n"));
+                                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_53349, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_52951, "].", "-> #0  sample.fut:123:68-81\n   #1  microgpt.fut:182:3-83\n"));
                                 err = FUTHARK_PROGRAM_ERROR;
                                 goto cleanup;
                             }
@@ -12829,7 +12829,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 bool index_certs_59883;
                 
                 if (!bounds_check_59882) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_59878, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_52951, "].", "-> #0  sample.fut:124:66-75\n   #1  microgpt.fut:181:3-83\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_59878, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_52951, "].", "-> #0  sample.fut:124:66-75\n   #1  microgpt.fut:182:3-83\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12870,7 +12870,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         bool loop_cond_t_res_53380 = slt64((int64_t) 0, loopres_53213);
         
-        // microgpt.fut:181:3-83
+        // microgpt.fut:182:3-83
         
         bool x_53381 = cond_53379 && loop_cond_t_res_53380;
         
@@ -13336,32 +13336,32 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t prim_out_84304;
     
-    // microgpt.fut:115:16-19
+    // microgpt.fut:116:16-19
     
     bool zzero_55415 = dims_39221 == (int64_t) 0;
     
-    // microgpt.fut:115:16-19
+    // microgpt.fut:116:16-19
     
     bool nonzzero_55416 = !zzero_55415;
     
-    // microgpt.fut:115:16-19
+    // microgpt.fut:116:16-19
     
     bool nonzzero_cert_55417;
     
     if (!nonzzero_55416) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  microgpt.fut:115:16-19\n   #1  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  microgpt.fut:116:16-19\n   #1  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // microgpt.fut:115:16-19
+    // microgpt.fut:116:16-19
     
     int64_t rows_55418 = sdiv64(p_39213, dims_39221);
     
-    // microgpt.fut:118:31-50
+    // microgpt.fut:119:31-50
     
     int64_t bytes_81881 = (int64_t) 4 * k_39233;
     
-    // microgpt.fut:117:5-127:108
+    // microgpt.fut:118:5-128:108
     
     bool loop_cond_55420 = slt64((int64_t) 0, k_39233);
     
@@ -13373,11 +13373,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool nonzzero_55422 = !zzero_55421;
     
-    // microgpt.fut:155:27-159:39
+    // microgpt.fut:156:27-160:39
     
     bool loop_not_taken_55423 = !loop_cond_55420;
     
-    // microgpt.fut:155:27-159:39
+    // microgpt.fut:156:27-160:39
     
     bool protect_assert_disj_55424 = nonzzero_55422 || loop_not_taken_55423;
     
@@ -13386,7 +13386,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool nonzzero_cert_55425;
     
     if (!protect_assert_disj_55424) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  microgpt.fut:45:18-21\n   #1  microgpt.fut:112:31-120:37\n   #2  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  microgpt.fut:45:18-21\n   #1  microgpt.fut:113:31-121:37\n   #2  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13406,7 +13406,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool binop_y_55429 = binop_x_55427 && binop_y_55428;
     
-    // microgpt.fut:155:27-159:39
+    // microgpt.fut:156:27-160:39
     
     bool protect_assert_disj_55430 = loop_not_taken_55423 || binop_y_55429;
     
@@ -13415,7 +13415,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_55431;
     
     if (!protect_assert_disj_55430) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55426, "] to array of shape [", (long long) rows_55418, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  microgpt.fut:36:3-23\n   #2  microgpt.fut:121:45-66\n   #3  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55426, "] to array of shape [", (long long) rows_55418, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  microgpt.fut:36:3-23\n   #2  microgpt.fut:122:45-66\n   #3  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13423,19 +13423,19 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t update_rows_arg2_55432 = add64(dims_39220, dims_39224);
     
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool loop_nonempty_55433 = slt64((int64_t) 0, update_rows_arg2_55432);
     
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool loop_not_taken_55434 = !loop_nonempty_55433;
     
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool loop_nonempty_55443 = slt64((int64_t) 0, dims_39224);
     
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool loop_not_taken_55444 = !loop_nonempty_55443;
     
@@ -13465,7 +13465,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_55510;
     
     if (!protect_assert_disj_57895) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:16-25\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:16-25\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13483,7 +13483,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_55517;
     
     if (!protect_assert_disj_57899) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55512, "] to array of shape [", (long long) dims_39224, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55512, "] to array of shape [", (long long) dims_39224, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:4-29\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13497,7 +13497,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_55520;
     
     if (!protect_assert_disj_57901) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:43-52\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:43-52\n   #1  train.fut:39:23-51\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13515,7 +13515,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_55525;
     
     if (!protect_assert_disj_57905) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55522, "] to array of shape [", (long long) dims_39220, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55522, "] to array of shape [", (long long) dims_39220, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:162:31-56\n   #2  train.fut:39:23-51\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13545,7 +13545,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_55544;
     
     if (!protect_assert_disj_57907) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55540, "] to array of shape [", (long long) zl_rhs_55448, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_55540, "] to array of shape [", (long long) zl_rhs_55448, "][", (long long) dims_39221, "]", "-> #0  model.fut:145:3-77\n   #1  model.fut:155:14-37\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13559,7 +13559,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_55625;
     
     if (!protect_assert_disj_57909) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:70-79\n   #1  train.fut:119:25-53\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:162:70-79\n   #1  train.fut:119:25-53\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13581,7 +13581,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool nonzzero_cert_55901;
     
     if (!protect_assert_disj_57913) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  train.fut:82:13-16\n   #1  train.fut:127:21-81\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  train.fut:82:13-16\n   #1  train.fut:127:21-81\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13611,7 +13611,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool empty_or_match_cert_55939;
     
     if (!protect_assert_disj_57915) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_55936, "] cannot match shape of type \"[", (long long) zl_rhs_55448, "]f32\".", "-> #0  train.fut:98:35-99:64\n   #1  train.fut:127:21-81\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_55936, "] cannot match shape of type \"[", (long long) zl_rhs_55448, "]f32\".", "-> #0  train.fut:98:35-99:64\n   #1  train.fut:127:21-81\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13625,7 +13625,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_57045;
     
     if (!protect_assert_disj_57917) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:135:12-29\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:135:12-29\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13639,11 +13639,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_57048;
     
     if (!protect_assert_disj_57919) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:136:12-27\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:136:12-27\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool protect_assert_disj_57299 = loop_not_taken_55434 || y_57044;
     bool protect_assert_disj_57921 = loop_not_taken_55423 || protect_assert_disj_57299;
@@ -13653,11 +13653,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_57300;
     
     if (!protect_assert_disj_57921) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:198:77-84\n   #1  train.fut:177:32-40\n   #2  train.fut:191:83-198:111\n   #3  microgpt.fut:124:28-89\n   #4  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:198:77-84\n   #1  train.fut:177:32-40\n   #2  train.fut:191:83-198:111\n   #3  microgpt.fut:125:28-89\n   #4  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool protect_assert_disj_57505 = loop_not_taken_55444 || y_57047;
     bool protect_assert_disj_57923 = loop_not_taken_55423 || protect_assert_disj_57505;
@@ -13667,7 +13667,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_57506;
     
     if (!protect_assert_disj_57923) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:200:85-92\n   #1  train.fut:177:32-40\n   #2  train.fut:191:83-200:106\n   #3  microgpt.fut:124:28-89\n   #4  microgpt.fut:155:27-159:39\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:200:85-92\n   #1  train.fut:177:32-40\n   #2  train.fut:191:83-200:106\n   #3  microgpt.fut:125:28-89\n   #4  microgpt.fut:156:27-160:39\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -13683,16 +13683,16 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t binop_x_82413 = (int64_t) 4 * dims_39224;
     
-    // microgpt.fut:118:31-50
+    // microgpt.fut:119:31-50
     if (memblock_alloc(ctx, &mem_81882, bytes_81881, "mem_81882")) {
         err = 1;
         goto cleanup;
     }
-    // microgpt.fut:118:31-50
+    // microgpt.fut:119:31-50
     for (int64_t nest_i_84305 = 0; nest_i_84305 < k_39233; nest_i_84305++) {
         ((float *) mem_81882.mem)[nest_i_84305] = NAN;
     }
-    // microgpt.fut:124:28-89
+    // microgpt.fut:125:28-89
     
     bool loop_nonempty_55435 = slt64((int64_t) 0, dims_39221);
     
@@ -13965,7 +13965,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // microgpt.fut:117:5-127:108
+    // microgpt.fut:118:5-128:108
     
     bool train_steps_res_55449;
     int64_t train_steps_res_55453;
@@ -13999,7 +13999,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool index_certs_55467;
         
         if (!bounds_check_55466) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_55463, "] out of bounds for array of shape [", (long long) d_39212, "].", "-> #0  microgpt.fut:46:7-21\n   #1  microgpt.fut:112:31-120:37\n   #2  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_55463, "] out of bounds for array of shape [", (long long) d_39212, "].", "-> #0  microgpt.fut:46:7-21\n   #1  microgpt.fut:113:31-121:37\n   #2  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14011,64 +14011,64 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t tmp_55469 = ((int64_t *) windows_mem_81877.mem)[doc_55463];
         
-        // microgpt.fut:122:58-61
+        // microgpt.fut:123:58-61
         
         int64_t step_sources_arg3_55470 = add64((int64_t) 1, tmp_55468);
         
-        // microgpt.fut:122:72-75
+        // microgpt.fut:123:72-75
         
         int64_t step_sources_arg3_55471 = add64(tmp_55469, step_sources_arg3_55470);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool empty_slice_55472 = tmp_55469 == (int64_t) 0;
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         int64_t m_55473 = sub64(tmp_55469, (int64_t) 1);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         int64_t i_p_m_t_s_55474 = add64(step_sources_arg3_55470, m_55473);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool zzero_leq_i_p_m_t_s_55475 = sle64((int64_t) 0, i_p_m_t_s_55474);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool i_p_m_t_s_leq_w_55476 = slt64(i_p_m_t_s_55474, n_39211);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool zzero_lte_i_55477 = sle64((int64_t) 0, step_sources_arg3_55470);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool i_lte_j_55478 = sle64(step_sources_arg3_55470, step_sources_arg3_55471);
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool y_55479 = i_p_m_t_s_leq_w_55476 && zzero_lte_i_55477;
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool y_55480 = zzero_leq_i_p_m_t_s_55475 && y_55479;
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool forwards_ok_55481 = i_lte_j_55478 && y_55480;
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool ok_or_empty_55482 = empty_slice_55472 || forwards_ok_55481;
         
-        // microgpt.fut:122:43-76
+        // microgpt.fut:123:43-76
         
         bool index_certs_55483;
         
         if (!ok_or_empty_55482) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) step_sources_arg3_55470, ":", (long long) step_sources_arg3_55471, "] out of bounds for array of shape [", (long long) n_39211, "].", "-> #0  microgpt.fut:122:43-76\n   #1  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) step_sources_arg3_55470, ":", (long long) step_sources_arg3_55471, "] out of bounds for array of shape [", (long long) n_39211, "].", "-> #0  microgpt.fut:123:43-76\n   #1  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14092,52 +14092,52 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t bytes_81906 = tmp_55469 * binop_x_81905;
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool zzero_lte_i_55489 = sle64((int64_t) 0, tmp_55468);
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         int64_t i_p_m_t_s_55486 = add64(tmp_55468, m_55473);
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool i_p_m_t_s_leq_w_55488 = slt64(i_p_m_t_s_55486, n_39211);
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool y_55491 = i_p_m_t_s_leq_w_55488 && zzero_lte_i_55489;
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool zzero_leq_i_p_m_t_s_55487 = sle64((int64_t) 0, i_p_m_t_s_55486);
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool y_55492 = zzero_leq_i_p_m_t_s_55487 && y_55491;
         
-        // microgpt.fut:121:90-93
+        // microgpt.fut:122:90-93
         
         int64_t step_sources_arg2_55485 = add64(tmp_55468, tmp_55469);
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool i_lte_j_55490 = sle64(tmp_55468, step_sources_arg2_55485);
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool forwards_ok_55493 = i_lte_j_55490 && y_55492;
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool ok_or_empty_55494 = empty_slice_55472 || forwards_ok_55493;
         
-        // microgpt.fut:121:69-94
+        // microgpt.fut:122:69-94
         
         bool index_certs_55495;
         
         if (!ok_or_empty_55494) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55468, ":", (long long) step_sources_arg2_55485, "] out of bounds for array of shape [", (long long) n_39211, "].", "-> #0  microgpt.fut:121:69-94\n   #1  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55468, ":", (long long) step_sources_arg2_55485, "] out of bounds for array of shape [", (long long) n_39211, "].", "-> #0  microgpt.fut:122:69-94\n   #1  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14218,7 +14218,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55681;
         
         if (!protect_assert_disj_55680) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14230,7 +14230,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55748;
         
         if (!protect_assert_disj_83856) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14249,7 +14249,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55828;
         
         if (!protect_assert_disj_83992) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:124:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14291,7 +14291,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55917;
         
         if (!protect_assert_disj_55916) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14329,7 +14329,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55926;
         
         if (!protect_assert_disj_55925) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14367,7 +14367,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55932;
         
         if (!protect_assert_disj_55931) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14409,7 +14409,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55948;
         
         if (!protect_assert_disj_55947) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:78:34-42\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14438,7 +14438,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55967;
         
         if (!protect_assert_disj_55966) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82022, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82022, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14455,7 +14455,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55970;
         
         if (!protect_assert_disj_55969) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14472,7 +14472,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55974;
         
         if (!protect_assert_disj_55973) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14489,7 +14489,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55977;
         
         if (!protect_assert_disj_55976) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14506,7 +14506,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55980;
         
         if (!protect_assert_disj_55979) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14523,7 +14523,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55983;
         
         if (!protect_assert_disj_55982) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14540,7 +14540,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55986;
         
         if (!protect_assert_disj_55985) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_82023, " is invalid.", "-> #0  model.fut:92:25-36\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14557,7 +14557,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool nonzzero_cert_55989;
         
         if (!protect_assert_disj_55988) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  model.fut:90:47-50\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14574,7 +14574,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55992;
         
         if (!protect_assert_disj_55991) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:85:14-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14591,7 +14591,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55995;
         
         if (!protect_assert_disj_55994) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:87:14-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14608,7 +14608,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_55998;
         
         if (!protect_assert_disj_55997) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:90:12-41\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14625,7 +14625,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool range_valid_c_56001;
         
         if (!protect_assert_disj_56000) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) blocks_39219, " is invalid.", "-> #0  model.fut:85:25-36\n   #1  train.fut:100:13-43\n   #2  train.fut:127:21-81\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14641,24 +14641,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         int64_t bytes_83436 = dims_39221 * binop_x_83435;
         
-        // microgpt.fut:127:56-82
+        // microgpt.fut:128:56-82
         
         bool x_57876 = sle64((int64_t) 0, i_55462);
         
-        // microgpt.fut:127:56-82
+        // microgpt.fut:128:56-82
         
         bool y_57877 = slt64(i_55462, k_39233);
         
-        // microgpt.fut:127:56-82
+        // microgpt.fut:128:56-82
         
         bool bounds_check_57878 = x_57876 && y_57877;
         
-        // microgpt.fut:127:56-82
+        // microgpt.fut:128:56-82
         
         bool index_certs_57879;
         
         if (!bounds_check_57878) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_55462, "] out of bounds for array of shape [", (long long) k_39233, "].", "-> #0  microgpt.fut:127:56-82\n   #1  microgpt.fut:155:27-159:39\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_55462, "] out of bounds for array of shape [", (long long) k_39233, "].", "-> #0  microgpt.fut:128:56-82\n   #1  microgpt.fut:156:27-160:39\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -14825,7 +14825,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_59337;
             
             if (!y_59335) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81113, "] out of bounds for array of shape [", (long long) dims_39220, "].", "-> #0  model.fut:226:55-63\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_81113, "] out of bounds for array of shape [", (long long) dims_39220, "].", "-> #0  model.fut:226:55-63\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14850,7 +14850,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_59343;
             
             if (!bounds_check_59342) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59339, "] out of bounds for array of shape [", (long long) dims_39224, "].", "-> #0  model.fut:226:38-54\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59339, "] out of bounds for array of shape [", (long long) dims_39224, "].", "-> #0  model.fut:226:38-54\n   #1  train.fut:40:18-38\n   #2  train.fut:113:22-117:55\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -15044,7 +15044,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_55575;
             
             if (!bounds_check_55574) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55571, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55571, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -15069,7 +15069,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_55583;
             
             if (!bounds_check_55582) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55579, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55579, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -15094,7 +15094,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_55591;
             
             if (!bounds_check_55590) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55587, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55587, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -15119,7 +15119,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_55599;
             
             if (!bounds_check_55598) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55595, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:112:31-122:86\n   #6  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_55595, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  train.fut:48:34-63\n   #3  train.fut:113:22-117:55\n   #4  microgpt.fut:52:25-90\n   #5  microgpt.fut:113:31-123:86\n   #6  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -15702,7 +15702,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_59298;
             
             if (!bounds_check_59297) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59294, "] out of bounds for array of shape [", (long long) dims_39224, "].", "-> #0  train.fut:61:46-68\n   #1  train.fut:120:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:112:31-122:86\n   #4  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_59294, "] out of bounds for array of shape [", (long long) dims_39224, "].", "-> #0  train.fut:61:46-68\n   #1  train.fut:120:25-59\n   #2  microgpt.fut:52:25-90\n   #3  microgpt.fut:113:31-123:86\n   #4  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16860,7 +16860,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_56017;
             
             if (!bounds_check_56016) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) l_56013, "] out of bounds for array of shape [", (long long) dims_39223, "].", "-> #0  train.fut:127:71-78\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) l_56013, "] out of bounds for array of shape [", (long long) dims_39223, "].", "-> #0  train.fut:127:71-78\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16889,7 +16889,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_56049;
             
             if (!bounds_check_56048) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56045, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56045, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:59-60\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16914,7 +16914,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_56037;
             
             if (!bounds_check_56036) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56033, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56033, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:60-61\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16939,7 +16939,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_56043;
             
             if (!bounds_check_56042) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56039, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56039, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:156:29-30\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16964,7 +16964,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_56031;
             
             if (!bounds_check_56030) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56027, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:112:31-122:86\n   #5  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_56027, "] out of bounds for array of shape [", (long long) l_39210, "].", "-> #0  model.fut:154:14-35\n   #1  model.fut:155:30-31\n   #2  train.fut:127:40-69\n   #3  microgpt.fut:52:25-90\n   #4  microgpt.fut:113:31-123:86\n   #5  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -21373,7 +21373,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_57061;
             
             if (!bounds_check_57060) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_57057, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:139:23-49\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_57057, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:139:23-49\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -21398,7 +21398,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_57067;
             
             if (!bounds_check_57066) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_57063, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:140:23-48\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_57063, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:140:23-48\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -21423,7 +21423,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_57073;
             
             if (!bounds_check_57072) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_57069, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:141:23-50\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_57069, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:141:23-50\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -21463,7 +21463,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 bool index_certs_57090;
                 
                 if (!bounds_check_57089) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_57086, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:143:19-144:98\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:112:31-122:86\n   #3  microgpt.fut:155:27-159:39\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_57086, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  train.fut:143:19-144:98\n   #1  microgpt.fut:52:25-90\n   #2  microgpt.fut:113:31-123:86\n   #3  microgpt.fut:156:27-160:39\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -21487,7 +21487,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 }
             }
         }
-        // microgpt.fut:123:16-59
+        // microgpt.fut:124:16-59
         
         bool cond_57127;
         
@@ -21625,7 +21625,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         double f32_res_74607 = fpconv_f32_f64(defunc_0_reduce_res_74586);
         
-        // microgpt.fut:123:16-59
+        // microgpt.fut:124:16-59
         
         bool ok_57128;
         
@@ -21915,7 +21915,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_74614;
             
             if (!protect_assert_disj_83968) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:72:17-24\n   #1  microgpt.fut:94:57-100:60\n   #2  microgpt.fut:121:18-123:51\n   #3  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:72:17-24\n   #1  microgpt.fut:94:57-100:60\n   #2  microgpt.fut:122:18-124:51\n   #3  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -21927,7 +21927,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_74659;
             
             if (!protect_assert_disj_83974) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:80:86-93\n   #1  microgpt.fut:94:57-100:60\n   #2  microgpt.fut:121:18-123:51\n   #3  microgpt.fut:155:27-159:39\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:80:86-93\n   #1  microgpt.fut:94:57-100:60\n   #2  microgpt.fut:122:18-124:51\n   #3  microgpt.fut:156:27-160:39\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -22196,7 +22196,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74714;
                     
                     if (!bounds_check_74713) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74710, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:98-109\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74710, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:98-109\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22221,7 +22221,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74720;
                     
                     if (!bounds_check_74719) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74716, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:35-46\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74716, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:35-46\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22246,7 +22246,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74726;
                     
                     if (!bounds_check_74725) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74722, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:54-65\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74722, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:54-65\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22271,7 +22271,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74732;
                     
                     if (!bounds_check_74731) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74728, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:79-90\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74728, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:77:79-90\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22292,7 +22292,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74811;
                     
                     if (!bounds_check_74810) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74709, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:78:37-44\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74709, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:78:37-44\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22317,7 +22317,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74852;
                     
                     if (!bounds_check_74851) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74848, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:78:78-89\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74848, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:78:78-89\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22342,7 +22342,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_74894;
                     
                     if (!bounds_check_74893) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74890, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:79:39-50\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:121:18-123:51\n   #4  microgpt.fut:155:27-159:39\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_74890, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_55502, "].", "-> #0  microgpt.fut:79:39-50\n   #1  microgpt.fut:81:17-34\n   #2  microgpt.fut:94:57-100:60\n   #3  microgpt.fut:122:18-124:51\n   #4  microgpt.fut:156:27-160:39\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -22854,7 +22854,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         
         bool cond_57302 = slt64((int64_t) 1, tmp_55469);
         
-        // microgpt.fut:124:28-89
+        // microgpt.fut:125:28-89
         
         int64_t defunc_0_lifted_term_res_57303 = btoi_bool_i64(cond_57302);
         
@@ -22975,7 +22975,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_57338;
             
             if (loop_nonempty_55435) {
-                // microgpt.fut:124:28-89
+                // microgpt.fut:125:28-89
                 
                 float x_74952;
                 
@@ -23032,7 +23032,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_57349;
             
             if (loop_nonempty_55435) {
-                // microgpt.fut:124:28-89
+                // microgpt.fut:125:28-89
                 
                 float x_74975;
                 
@@ -23089,7 +23089,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_57360;
             
             if (loop_nonempty_55435) {
-                // microgpt.fut:124:28-89
+                // microgpt.fut:125:28-89
                 
                 float x_75000;
                 
@@ -23147,7 +23147,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_57371;
             
             if (loop_nonempty_55435) {
-                // microgpt.fut:124:28-89
+                // microgpt.fut:125:28-89
                 
                 float x_75026;
                 
@@ -23266,7 +23266,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float defunc_0_lifted_term_res_57404;
                 
                 if (loop_nonempty_55435) {
-                    // microgpt.fut:124:28-89
+                    // microgpt.fut:125:28-89
                     
                     float x_75052;
                     
@@ -23341,7 +23341,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float defunc_0_lifted_term_res_57418;
                 
                 if (loop_nonempty_55435) {
-                    // microgpt.fut:124:28-89
+                    // microgpt.fut:125:28-89
                     
                     float x_75078;
                     
@@ -23416,7 +23416,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float defunc_0_lifted_term_res_57432;
                 
                 if (loop_nonempty_55435) {
-                    // microgpt.fut:124:28-89
+                    // microgpt.fut:125:28-89
                     
                     float x_75104;
                     
@@ -23491,7 +23491,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float defunc_0_lifted_term_res_57446;
                 
                 if (loop_nonempty_55435) {
-                    // microgpt.fut:124:28-89
+                    // microgpt.fut:125:28-89
                     
                     float x_75130;
                     
@@ -25067,23 +25067,23 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 }
             }
         }
-        // microgpt.fut:126:31-45
+        // microgpt.fut:127:31-45
         
         bool cond_f_res_57870 = !cond_57127;
         
-        // microgpt.fut:155:27-159:39
+        // microgpt.fut:156:27-160:39
         
         bool x_57871 = !ok_57128;
         
-        // microgpt.fut:155:27-159:39
+        // microgpt.fut:156:27-160:39
         
         bool y_57872 = cond_f_res_57870 && x_57871;
         
-        // microgpt.fut:155:27-159:39
+        // microgpt.fut:156:27-160:39
         
         bool cond_57873 = ok_57128 || y_57872;
         
-        // microgpt.fut:126:22-68
+        // microgpt.fut:127:22-68
         
         float reported_57874;
         
@@ -25092,7 +25092,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         } else {
             reported_57874 = NAN;
         }
-        // microgpt.fut:127:25-54
+        // microgpt.fut:128:25-54
         
         int64_t tmp_57875;
         
@@ -25101,14 +25101,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         } else {
             tmp_57875 = step_55460;
         }
-        // microgpt.fut:127:56-82
+        // microgpt.fut:128:56-82
         ((float *) mem_81882.mem)[i_55462] = reported_57874;
-        // microgpt.fut:127:84-107
+        // microgpt.fut:128:84-107
         
         int64_t tmp_57881;
         
         if (ok_57128) {
-            // microgpt.fut:127:97-100
+            // microgpt.fut:128:97-100
             
             int64_t tmp_t_res_75473 = add64((int64_t) 1, i_55462);
             
@@ -25116,7 +25116,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         } else {
             tmp_57881 = k_39233;
         }
-        // microgpt.fut:119:13-16
+        // microgpt.fut:120:13-16
         
         bool loop_cond_57883 = slt64(tmp_57881, k_39233);
         bool loop_while_tmp_84306 = loop_cond_57883;
