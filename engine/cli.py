@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bench, bench_report
-from .backends import BackendError, TrainingDiverged, open_backend
+from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
 from .health import loss_warning
@@ -186,7 +186,7 @@ def window_args(argv: list[str], environ=None) -> tuple[argparse.Namespace | Non
 
 def check_backend(name: str) -> None:
     """ValueError for a name that is no backend, BackendError for one that cannot run here."""
-    available, reason = bench.availability([name], with_torch=False)[name]
+    available, reason = probe_backend(name)
     if not available:
         raise BackendError(cannot_run(name, reason))
 

@@ -52,26 +52,28 @@ def register_backend(name: str, probe, opener) -> None:
 
 
 def list_backends() -> list[BackendInfo]:
-    infos = []
-    for name, (probe, _) in _REGISTRY.items():
-        try:
-            available, reason = probe()
-        except Exception as exc:  # a probe must never take the app down
-            available, reason = False, f"{name} check failed: {exc}"
-        infos.append(BackendInfo(name, bool(available), reason))
-    return infos
+    return [BackendInfo(name, *probe_backend(name)) for name in _REGISTRY]
+
+
+def probe_backend(name: str) -> tuple[bool, str]:
+    """(available, reason) of one backend, probing only that one; ValueError for a
+    name that is no backend."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(_REGISTRY)}")
+    try:
+        available, reason = _REGISTRY[name][0]()
+    except Exception as exc:  # a probe must never take the app down
+        return False, f"{name} check failed: {exc}"
+    return bool(available), reason
 
 
 def open_backend(name: str, model: ModelConfig, train: TrainConfig, corpus: Corpus,
                  params=None) -> Backend:
     """A ready backend starting from init_params (or the given flat params)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(_REGISTRY)}")
-    probe, opener = _REGISTRY[name]
-    available, reason = probe()
+    available, reason = probe_backend(name)
     if not available:
         raise BackendError(f"backend {name} is not available: {reason}")
-    return opener(model, train, corpus, params)
+    return _REGISTRY[name][1](model, train, corpus, params)
 
 
 def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = None):
@@ -91,7 +93,7 @@ def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = 
 
 
 __all__ = ["Backend", "BackendError", "BackendInfo", "TrainingDiverged", "TrainState",
-           "list_backends", "load_checkpoint", "open_backend", "register_backend"]
+           "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
 
 from .futhark_backend import FUTHARK_BACKENDS  # noqa: E402  (imports nothing heavy)
 
