@@ -88,12 +88,8 @@ class Backend(ABC):
             t = min(model.block_size, self.corpus.arrays.max_length - 1)
             needs.append((f"a training step's activations ({t:,} tokens)",
                           step_activation_bytes(model, vocab, t)))
-            needs.append(("sampling", self._sampling_memory_bytes()))
+            needs.append(("sampling", sampling_memory_bytes(self.model, self.corpus.vocab_size)))
         return needs
-
-    def _sampling_memory_bytes(self) -> int:
-        """Sampling's caches and logits at their largest (engine.sampling's, by default)."""
-        return sampling_memory_bytes(self.model, self.corpus.vocab_size)
 
     def _check_host_memory(self) -> None:
         """Refuse a model that cannot fit, before allocating it: on Linux an
@@ -259,8 +255,7 @@ class Backend(ABC):
         if losses is not None:
             known = np.asarray(losses, dtype=np.float32)[:step]
             history[: len(known)] = known
-        self._step, self._losses = 0, np.empty(0, dtype=np.float32)
-        self._record_losses(history)
+        self._step, self._losses = step, history  # grows from here as _record_losses adds steps
 
     def save(self, path) -> None:
         save_checkpoint(path, self)
