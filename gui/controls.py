@@ -1,9 +1,9 @@
-"""Small constructors the inspect panels share: a label that gives a control
-its keyboard mnemonic, and a named plot widget."""
+"""Small pieces the panels share: a label that gives a control its keyboard
+mnemonic, a named plot widget, and the seed box's step after a sample."""
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtWidgets import QLabel, QWidget
+from PySide6.QtWidgets import QLabel, QSpinBox, QWidget
 
 
 def buddy(text: str, widget: QWidget) -> QLabel:
@@ -20,3 +20,11 @@ def plot_widget(name: str, tooltip: str) -> pg.PlotWidget:
     plot.setObjectName(name)
     plot.setToolTip(tooltip)
     return plot
+
+
+def take_seed(spin: QSpinBox) -> int:
+    """The seed box's value, which then moves on by one (wrapping to 0 at its
+    maximum), so the next sample draws other names."""
+    seed = spin.value()
+    spin.setValue(seed + 1 if seed < spin.maximum() else 0)
+    return seed

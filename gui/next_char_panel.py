@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QCheckBox, QDoubleSpinBox, QGridLayout, QHBoxLayo
 from engine import inspect as ins
 
 from .inspect_hub import InspectHub
-from .controls import buddy, plot_widget
+from .controls import buddy, plot_widget, take_seed
 
 NEXT_KEY, COMPLETIONS_KEY = "nextchar", "completions"
 COMPLETIONS_DELAY_MS = 150  # beam search starts once typing pauses this long (the bars do not wait)
@@ -175,9 +175,7 @@ class NextCharPanel(QWidget):
                          refresh=refresh, slow=True)
 
     def _request_samples(self) -> None:
-        seed = self.seed_spin.value()
-        self.sampleRequested.emit(self.prefix, self.count_spin.value(), self.temperature, seed)
-        self.seed_spin.setValue(seed + 1 if seed < self.seed_spin.maximum() else 0)
+        self.sampleRequested.emit(self.prefix, self.count_spin.value(), self.temperature, take_seed(self.seed_spin))
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

@@ -6,6 +6,8 @@ from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFormLayout, QGroupBox, QHBoxLayout, QLabel, QListWidget,
                                QAbstractItemView, QListView, QPushButton, QSlider, QSpinBox, QVBoxLayout)
 
+from .controls import take_seed
+
 TEMPERATURE_SCALE = 10  # slider ticks per unit: 1..20 is 0.1..2.0
 
 
@@ -82,9 +84,7 @@ class SamplePanel(QGroupBox):
 
     def request(self) -> None:
         """Emit sampleRequested with the current values; the seed then moves on by one."""
-        seed = self.seed_spin.value()
-        self.sampleRequested.emit(self.count_spin.value(), self.temperature, seed)
-        self.seed_spin.setValue(seed + 1 if seed < self.seed_spin.maximum() else 0)
+        self.sampleRequested.emit(self.count_spin.value(), self.temperature, take_seed(self.seed_spin))
 
     def show_samples(self, names: list[str], step: int) -> None:
         self.samples_list.clear()
