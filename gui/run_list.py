@@ -5,12 +5,12 @@ TensorBoard's run selector does. The x axis is the step or the wall-clock
 training time, so backends can be compared by time.
 
 Runs are engine.runs.RunRecord objects that the window fills as losses come
-in; smoothing is the loss plot's (gui.loss_plot.ema), kept incrementally.
+in; smoothing is the loss plot's, kept incrementally in a GrowingSeries per
+run.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pyqtgraph as pg
@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
-from .loss_plot import ema
+from .loss_plot import GrowingSeries
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
@@ -30,15 +30,6 @@ PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121,
 COLUMNS = ["Run", "Preset", "Backend", "LR", "Steps", "Smoothed loss", "ms/step", "Status"]
 STEP, SECONDS = "step", "seconds"
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
-
-
-@dataclass
-class _Smoothed:
-    """A record's EMA so far, extended as steps arrive (not recomputed)."""
-
-    weight: float
-    values: np.ndarray
-    carry: float
 
 
 class RunListPanel(QWidget):
@@ -49,7 +40,7 @@ class RunListPanel(QWidget):
         self.runs: list[RunRecord] = []
         self.smoothing = smoothing
         self._colors: dict[int, tuple[int, int, int]] = {}
-        self._smoothed: dict[int, _Smoothed] = {}
+        self._series: dict[int, GrowingSeries] = {}  # each record's steps and EMA so far
         self._dirty: set[int] = set()
         self._next_color = 0
 
@@ -125,14 +116,6 @@ class RunListPanel(QWidget):
         if not self._timer.isActive():
             self._timer.start()
 
-    def remove_run(self, record: RunRecord) -> None:
-        row = self._row(record)
-        self._undraw(record)
-        self.runs.pop(row)
-        self.table.removeRow(row)
-        self._smoothed.pop(id(record), None)
-        self.checkedChanged.emit()
-
     def is_checked(self, record: RunRecord) -> bool:
         return self.table.item(self._row(record), 0).checkState() == Qt.Checked
 
@@ -142,13 +125,11 @@ class RunListPanel(QWidget):
     def checked_runs(self) -> list[RunRecord]:
         return [r for r in self.runs if self.is_checked(r)]
 
-    def color(self, record: RunRecord) -> tuple[int, int, int]:
-        return self._colors[id(record)]
-
     def set_smoothing(self, weight: float) -> None:
         """The loss plot's smoothing weight (0 to 0.999)."""
         self.smoothing = float(weight)
-        self._smoothed.clear()
+        for series in self._series.values():
+            series.resmooth(self.smoothing)
         self._redraw_all()
 
     @property
@@ -158,17 +139,20 @@ class RunListPanel(QWidget):
     def set_x_axis(self, axis: str) -> None:
         self.x_axis_combo.setCurrentIndex(self.x_axis_combo.findData(axis))
 
-    def smoothed(self, record: RunRecord) -> np.ndarray:
-        """The record's smoothed losses (the EMA of the loss plot), kept between calls."""
-        cache = self._smoothed.get(id(record))
+    def _series_of(self, record: RunRecord) -> GrowingSeries:
+        """The record's steps and smoothed losses (the EMA of the loss plot), extended
+        by the steps it gained since the last call (rebuilt if it was rewound)."""
+        series = self._series.setdefault(id(record), GrowingSeries())
         n = record.steps
-        if cache is None or cache.weight != self.smoothing or len(cache.values) > n:
-            cache = _Smoothed(self.smoothing, np.empty(0), 0.0)  # new, re-smoothed, or rewound
-        if len(cache.values) < n:
-            new, cache.carry = ema(record.losses[len(cache.values):], self.smoothing, cache.carry, len(cache.values))
-            cache.values = np.concatenate([cache.values, new])
-        self._smoothed[id(record)] = cache
-        return cache.values
+        if series.n > n:
+            series.truncate(n, self.smoothing)
+        if series.n < n:
+            series.extend(record.losses[series.n:n], series.n, self.smoothing)
+        return series
+
+    def smoothed(self, record: RunRecord) -> np.ndarray:
+        series = self._series_of(record)
+        return series.smooth[: series.n]
 
     # drawing ------------------------------------------------------------------
     def _row(self, record: RunRecord) -> int:
@@ -187,18 +171,23 @@ class RunListPanel(QWidget):
         self.table.blockSignals(False)
 
     def _xy(self, record: RunRecord) -> tuple[np.ndarray, np.ndarray]:
-        y = self.smoothed(record)
+        series = self._series_of(record)
+        y = series.smooth[: series.n]
         if self.x_axis == STEP:
-            return np.arange(len(y), dtype=np.float64), y
+            return series.steps, y
         x = record.wall_seconds()
         timed = ~np.isnan(x)
         return x[timed], y[timed]
 
     def _draw(self, record: RunRecord) -> None:
-        self._undraw(record)
         if not self.is_checked(record):
+            self._undraw(record)
             return
         x, y = self._xy(record)
+        curve = self.curves.get(id(record))
+        if curve is not None:  # a live run's flush: new data, same curve and legend entry
+            curve.setData(x, y)
+            return
         pen = pg.mkPen(*self._colors[id(record)], width=2)
         label = f"{record.name}: {record.preset}, {record.backend}, lr {record.train.learning_rate:g}"
         curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, autoDownsampleFactor=1.0)

@@ -106,7 +106,6 @@ class _StudyRun(QObject):
 
 
 class ScalingStudyDialog(QDialog):
-    resultAdded = Signal(object)   # a BenchResult row
     studyFinished = Signal(bool)   # True when cancelled
 
     def __init__(self, data_path: str | Path | None = None, measure: scaling.MeasureFn | None = None,
@@ -317,7 +316,6 @@ class ScalingStudyDialog(QDialog):
             self.table.setItem(row, col, cell)
         if ok:
             self._draw(result.backend)
-        self.resultAdded.emit(result)
 
     def _draw(self, backend: str) -> None:
         points = sorted((r.params, r.ms_per_step) for r in self.results if r.backend == backend and r.status == "ok")

@@ -83,10 +83,6 @@ class Session:
         self.worker.end(serve_saves)
 
     @property
-    def running(self) -> bool:
-        return self.thread.isRunning()
-
-    @property
     def waiting_for(self) -> str:
         """The call the worker is inside now, e.g. 'sampling 200 names' ('' if none)."""
         return self.worker.call
@@ -142,11 +138,6 @@ class Sessions(QObject):
     def waiting_for(self) -> str:
         """What the ending sessions are inside, e.g. 'sampling 200 names'."""
         return ", ".join(dict.fromkeys(s.waiting_for for s in self.ending if s.waiting_for))
-
-    def all_finished(self) -> bool:
-        """No thread of any session is running (the current one included)."""
-        sessions = [*self.ending, *([self.current] if self.current else [])]
-        return not any(s.thread.isRunning() for s in sessions)
 
 
 def _release_when_finished(session: Session) -> None:
