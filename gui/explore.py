@@ -111,6 +111,7 @@ class ExploreTabs:
     # run records ----------------------------------------------------------------
     def _explore_session_started(self, session) -> None:
         session.reports.snapshot.connect(self.inspect_hub.set_snapshot)
+        session.reports.diverged.connect(self._explore_diverged)
         session.reports.prefixSamples.connect(self.next_char_panel.show_samples)
         session.worker.want_snapshots(self.inspect_hub.wants_snapshots)
 
@@ -138,10 +139,10 @@ class ExploreTabs:
             record.status = "finished" if record.steps >= num_steps else "stopped"
         self.run_list.update_run(record)
 
-    def _explore_error(self, message: str) -> None:
+    def _explore_diverged(self, _step: int) -> None:
         """The worker reports divergence just after it has stopped the run."""
         record = self.run_record
-        if record is not None and record.status in ("running", "stopped") and "diverge" in message.lower():
+        if record is not None and record.status in ("running", "stopped"):
             record.status = "diverged"
             self.run_list.update_run(record)
 

@@ -293,7 +293,6 @@ class RunControl:
             self.progress_bar.setFormat(text)
 
     def _on_error(self, message: str, details: str) -> None:
-        self._explore_error(message)
         self.show_message("error", "microgpt-gui", message, details)
 
     def _on_state(self, state: str) -> None:

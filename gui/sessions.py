@@ -50,10 +50,11 @@ class WorkerReports(QObject):
     stateChanged = Signal(str)
     status = Signal(str)
     error = Signal(str, str)
+    diverged = Signal(int)
 
     def relay(self, worker: TrainingWorker) -> None:
         for name in ("opened", "losses", "samples", "prefixSamples", "snapshot", "saved", "stateChanged",
-                     "status", "error"):
+                     "status", "error", "diverged"):
             getattr(worker, name).connect(getattr(self, name))  # queued: self lives on the GUI thread
 
 

@@ -75,6 +75,7 @@ class TrainingWorker(QObject):
     stateChanged = Signal(str)
     status = Signal(str)
     error = Signal(str, str)         # message, details (e.g. a compiler log)
+    diverged = Signal(int)           # training stopped at this step on a non-finite loss
     finished = Signal()              # the backend is closed; the thread ends next
 
     def __init__(self, spec: RunSpec):
@@ -298,6 +299,7 @@ class TrainingWorker(QObject):
             self.step = backend.step
             self.losses.emit(self.loss_history()[first:], first, float("nan"))
             self._set_state(DONE)
+            self.diverged.emit(exc.step)
             self.error.emit(str(exc), "")
             return
         except MemoryError:
