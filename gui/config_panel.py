@@ -235,7 +235,7 @@ class ConfigPanel(QWidget):
         if model is None:
             self.params_label.setText("-")
         elif self._vocab_size:
-            self.params_label.setText(f"{self.num_params():,}")
+            self.params_label.setText(f"{model.num_params(self._vocab_size):,}")
         else:
             self.params_label.setText("(open a dataset)")
         self.changed.emit()

@@ -17,6 +17,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
+from .controls import plot_widget
+
 MIN_REDRAW_MS = 40  # at most 25 redraws a second; fewer if a redraw gets slow
 EMA_BLOCK = 256
 
@@ -104,8 +106,7 @@ class LossPlot(QWidget):
         self.redraws = 0  # counted for the responsiveness probe
         self._vocab_size = 0
 
-        self.plot = pg.PlotWidget(background="w")
-        self.plot.setObjectName("lossPlot")  # PlotWidget(objectName=...) would name the inner PlotItem
+        self.plot = plot_widget("lossPlot", "")
         item = self.plot.getPlotItem()
         item.setLabel("bottom", "step")
         item.setLabel("left", "loss")
