@@ -151,7 +151,7 @@ entry new_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32) (m: [p]f32)
 
 -- | A run's first weights: params with zero moments, at step 0.
 entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32): weights [p] =
-  assert (layout_fits s.dims p s.layout) {params, m = replicate p 0, v = replicate p 0, step = 0}
+  new_weights s params (replicate p 0) (replicate p 0) 0
 
 entry train [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [p]) (k: i64)
                          : (weights [p], [k]f32) =

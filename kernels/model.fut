@@ -55,8 +55,8 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
 -- A sum over each column of w instead would read it with a stride of I.
 -- The multicore backend splits the columns into `blocks` parts, one task
 -- each for all T positions, so that w is still read once (a task per
--- position and part read it T times, and two threads were slower than
--- one); a GPU (blocks = 0) runs a thread per position and column.
+-- position and part read it T times); a GPU (blocks = 0) runs a thread
+-- per position and column.
 -- Inlined: called as a function, it read a weight matrix of the flat
 -- buffer from the buffer's start (wrong gradients with Futhark 0.25.34).
 #[inline]
