@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from engine import (BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged, init_params,
+from engine import (BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
                     list_backends, load_checkpoint, open_backend, param_specs)
 from engine import futhark
 from engine.backends import futhark_backend as fbk

@@ -187,10 +187,9 @@ def test_file_lock_excludes_another_process(tmp_path):
     path = tmp_path / "build.lock"
     code = ("import sys; sys.path.insert(0, sys.argv[2]); from engine.futhark.lock import FileLock\n"
             "try:\n    FileLock(sys.argv[1], timeout=0).acquire()\nexcept TimeoutError:\n    sys.exit(3)\n")
-    root = str(Path(__file__).resolve().parents[1])
     with FileLock(path):
-        held = subprocess.run([sys.executable, "-c", code, str(path), root])
-    free = subprocess.run([sys.executable, "-c", code, str(path), root])
+        held = subprocess.run([sys.executable, "-c", code, str(path), str(REPO_ROOT)])
+    free = subprocess.run([sys.executable, "-c", code, str(path), str(REPO_ROOT)])
     assert (held.returncode, free.returncode) == (3, 0)
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import engine
-from engine import bench, scaling
+from engine import scaling
 from engine.bench import BenchResult
 
 

@@ -41,14 +41,13 @@ def make_window(qtbot):
         assert not window.isVisible()
         assert not gave_up, gave_up
 
-    def make(data_path=None, wait=True):
+    def make(data_path=None):
         window = MainWindow(data_path=data_path)
         window.message_hook = None
         window.exit_hook = gave_up.append  # never os._exit the test process
         qtbot.addWidget(window, before_close_func=close_and_wait)
         window.show()
-        if wait:
-            wait_dataset(qtbot, window)
+        wait_dataset(qtbot, window)
         return window
 
     return make

@@ -12,15 +12,13 @@ import engine
 from engine import backends as registry
 from engine import inspect as ins
 
-from test_window import TIMEOUT_MS, click, reference_losses, set_steps, train_to_end, wait_state, widget
+from test_window import (TIMEOUT_MS, click, reference_backend, reference_losses, set_steps, train_to_end,
+                         wait_state, widget)
 
 
-def reference_backend(corpus, steps, preset="tiny", num_steps=None):
-    """A NumPy backend trained `steps` steps of a run of num_steps (default: steps)."""
-    p = engine.PRESETS[preset]
-    train = engine.TrainConfig(num_steps=num_steps or steps, learning_rate=p.train.learning_rate,
-                               init_std=p.train.init_std, seed=p.train.seed)
-    backend = engine.open_backend("numpy", p.model, train, corpus)
+def trained_backend(corpus, steps):
+    """A NumPy backend trained through the window's run of `steps` steps."""
+    backend = reference_backend(corpus, steps)
     backend.train(steps)
     return backend
 
@@ -43,7 +41,7 @@ def test_no_snapshots_while_only_training_is_shown_then_one_when_a_panel_appears
     qtbot.waitUntil(lambda: window.inspect_hub.snapshot is not None, timeout=TIMEOUT_MS)
     snapshot = window.inspect_hub.snapshot
     assert snapshot.step == 300
-    expected = reference_backend(names_corpus, 300).get_state().params
+    expected = trained_backend(names_corpus, 300).get_state().params
     np.testing.assert_array_equal(snapshot.flat, expected)
     # the bars are the model's distribution after the empty prefix, from those parameters
     qtbot.waitUntil(lambda: panel.distribution is not None, timeout=TIMEOUT_MS)
@@ -62,7 +60,7 @@ def test_snapshots_follow_training_while_a_panel_is_shown(make_window, names_pat
     assert len(steps) >= 2 and steps == sorted(steps)  # several, during the run, in order
     assert steps[0] < 3000
     np.testing.assert_array_equal(window.inspect_hub.snapshot.flat,
-                                  reference_backend(names_corpus, 3000).get_state().params)
+                                  trained_backend(names_corpus, 3000).get_state().params)
     click(qtbot, window, "resetButton")
     wait_state(qtbot, window, "none")
     assert window.inspect_hub.snapshot is None  # Reset: the panels forget the model
@@ -79,7 +77,7 @@ def test_prefix_samples_come_from_the_run_and_start_with_the_prefix(make_window,
     listing = widget(window, QListWidget, "prefixSamplesList")
     qtbot.waitUntil(lambda: listing.count() == count, timeout=TIMEOUT_MS)
     names = [listing.item(i).data(Qt.UserRole) for i in range(listing.count())]
-    expected = reference_backend(names_corpus, 200).sample(count, temperature, seed, prefix="em")
+    expected = trained_backend(names_corpus, 200).sample(count, temperature, seed, prefix="em")
     assert names == expected and all(name.startswith("em") for name in names)
     assert window.sample_panel.names() == []  # the Training tab's samples are left alone
 

@@ -14,13 +14,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QLabel, QLi
 
 import engine
 from gui.run_control import run_summary
+from test_window import TIMEOUT_MS, wait_state
 
-TIMEOUT_MS = 60_000
 STYLE = Path(__file__).resolve().parents[2] / "resources" / "style.qss"
-
-
-def wait_state(qtbot, window, state):
-    qtbot.waitUntil(lambda: window.state == state, timeout=TIMEOUT_MS)
 
 
 # 1. keys ------------------------------------------------------------------------------

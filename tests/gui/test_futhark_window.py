@@ -9,23 +9,11 @@ from PySide6.QtWidgets import QListWidget, QSpinBox
 import engine
 from engine.backends.futhark_backend import FutharkBackend
 from futhark_support import MULTICORE_2_THREADS
-from test_window import TIMEOUT_MS, click, curve, set_steps, train_to_end, wait_state, widget
+from test_window import TIMEOUT_MS, click, curve, reference_losses, set_steps, train_to_end, wait_state, widget
 
 pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")]
 
 STEPS = 300
-
-
-def engine_losses(backend_name, corpus, steps):
-    """The window's run of `tiny` for `steps` steps, straight through the engine."""
-    p = engine.PRESETS["tiny"]
-    train = engine.TrainConfig(num_steps=steps, learning_rate=p.train.learning_rate,
-                               init_std=p.train.init_std, seed=p.train.seed)
-    backend = engine.open_backend(backend_name, p.model, train, corpus)
-    try:
-        return backend.train(steps)
-    finally:
-        backend.close()
 
 
 @pytest.mark.parametrize("name", ["futhark-c", MULTICORE_2_THREADS])
@@ -34,10 +22,10 @@ def test_a_futhark_run_in_the_window_is_the_engines(name, make_window, names_pat
     assert window.config_panel.select_backend(name)
     train_to_end(qtbot, window, STEPS)
     x, y = curve(window)
-    expected = engine_losses(name, names_corpus, STEPS)
+    expected = reference_losses(names_corpus, STEPS, backend=name)
     np.testing.assert_array_equal(x, np.arange(STEPS))
     np.testing.assert_array_equal(y.astype(np.float32), expected)  # the same kernel: bit for bit
-    np.testing.assert_allclose(expected, engine_losses("numpy", names_corpus, STEPS), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(expected, reference_losses(names_corpus, STEPS), rtol=0, atol=1e-4)
     samples = widget(window, QListWidget, "samplesList")
     widget(window, QSpinBox, "sampleCountSpin").setValue(6)
     click(qtbot, window, "sampleButton")

@@ -14,6 +14,7 @@ import engine
 import main
 from cli_support import run_main
 from engine import cli
+from engine.backends import probe_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,12 +60,6 @@ def test_autorun_with_a_missing_dataset_exits_with_status_1(tmp_path):
     assert f"dataset file not found: {missing}" in result.stderr
 
 
-def engine_backends_available(name: str) -> bool:
-    from engine import list_backends
-
-    return any(info.name == name and info.available for info in list_backends())
-
-
 # before any window: checked without Qt, without a display ----------------------
 
 @pytest.mark.parametrize("args, status, first_words", [
@@ -80,7 +75,7 @@ def engine_backends_available(name: str) -> bool:
 def test_a_launch_with_a_bad_option_is_one_line_before_any_window(args, status, first_words, tmp_path, names_path):
     """Even where a window could open (offscreen), the launch stops first: with
     --quit-when-done the window used to train on the defaults and exit 0."""
-    if "futhark-cuda" in args and engine_backends_available("futhark-cuda"):
+    if "futhark-cuda" in args and probe_backend("futhark-cuda")[0]:
         pytest.skip("futhark-cuda can run on this machine")
     result = run_main(["--data", str(names_path), *args], tmp_path, QT_QPA_PLATFORM="offscreen")
     assert result.returncode == status, result.stderr[-2000:]

@@ -19,9 +19,9 @@ import engine
 import slow_backend
 from latency_probe import LatencyProbe
 from slow_backend import Delays, SlowBackend
+from test_window import TIMEOUT_MS, wait_state
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def start_slow_run(qtbot, window, steps=1_000_000, state="running", backend=slow
     assert window.config_panel.select_backend(backend)
     window.config_panel.steps_spin.setValue(steps)
     assert window.start_run()
-    qtbot.waitUntil(lambda: window.state == state, timeout=TIMEOUT_MS)
+    wait_state(qtbot, window, state)
 
 
 def wait_inside(qtbot, what, count=1):
@@ -136,7 +136,7 @@ def test_reset_while_opening_keeps_the_window_responsive(make_window, names_path
     assert window.state == "stopping"
     assert "opening the slow-numpy backend" in window.progress_bar.format()
     assert not window.train_button.isEnabled() and "waiting for the previous run" in window.train_button.toolTip()
-    qtbot.waitUntil(lambda: window.state == "none", timeout=TIMEOUT_MS)
+    wait_state(qtbot, window, "none")
     probe.stop()
     assert probe.ticks > 10 and probe.max_ms < open_s * 1000 / 4  # the event loop kept running
     assert window.train_button.isEnabled() and window.loss_plot.series.n == 0
@@ -167,7 +167,7 @@ def test_reset_drops_requests_still_queued(make_window, names_path, slow, qtbot,
     worker.request_samples(5, 0.5, 1)  # queued behind the first
     worker.request_save(str(tmp_path / "queued.npz"))
     window.reset()
-    qtbot.waitUntil(lambda: window.state == "none", timeout=TIMEOUT_MS)
+    wait_state(qtbot, window, "none")
     assert SlowBackend.calls["sample_started"] == 1  # the second request was not served
     assert not (tmp_path / "queued.npz").exists()
     assert window.findChild(QListWidget, "samplesList").count() == 0
@@ -195,14 +195,14 @@ def test_load_checkpoint_while_opening_a_slow_model(make_window, names_path, slo
     qtbot.waitUntil(path.exists, timeout=TIMEOUT_MS)
     SlowBackend.delays.open_s = 3.0
     window.reset()
-    qtbot.waitUntil(lambda: window.state == "none", timeout=TIMEOUT_MS)
+    wait_state(qtbot, window, "none")
     start_slow_run(qtbot, window, state="opening")
     wait_inside(qtbot, "open")
     assert timed(window.load_checkpoint, str(path)) < 0.75
-    qtbot.waitUntil(lambda: window.state == "stopping", timeout=TIMEOUT_MS)
+    wait_state(qtbot, window, "stopping")
     assert window.loss_plot.series.n == 0
     SlowBackend.delays.open_s = 0
-    qtbot.waitUntil(lambda: window.state == "done", timeout=TIMEOUT_MS)  # the checkpoint's finished run
+    wait_state(qtbot, window, "done")  # the checkpoint's finished run
     assert window.session.worker.spec.checkpoint is not None
     assert window.loss_plot.series.n == 40 and window.session.worker.step == 40
 

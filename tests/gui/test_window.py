@@ -41,14 +41,19 @@ def curve(window):
     return (np.empty(0), np.empty(0)) if x is None else (np.asarray(x), np.asarray(y))
 
 
-def reference_losses(corpus, steps, preset="tiny", first=None):
+def reference_backend(corpus, num_steps, preset="tiny", backend="numpy"):
+    """The window's run of `preset` for num_steps steps, opened straight through the
+    engine on `backend`, untrained."""
+    p = engine.PRESETS[preset]
+    train = engine.TrainConfig(num_steps=num_steps, learning_rate=p.train.learning_rate,
+                               init_std=p.train.init_std, seed=p.train.seed)
+    return engine.open_backend(backend, p.model, train, corpus)
+
+
+def reference_losses(corpus, steps, preset="tiny", first=None, backend="numpy"):
     """The same run (num_steps=steps) straight through the engine, in one train() call
     of `first` steps (all of them by default)."""
-    p = engine.PRESETS[preset]
-    train = engine.TrainConfig(num_steps=steps, learning_rate=p.train.learning_rate,
-                               init_std=p.train.init_std, seed=p.train.seed)
-    backend = engine.open_backend("numpy", p.model, train, corpus)
-    return backend.train(first or steps)
+    return reference_backend(corpus, steps, preset, backend).train(first or steps)
 
 
 def train_to_end(qtbot, window, steps):
