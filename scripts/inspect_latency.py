@@ -22,9 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or str(next(
-    (d / "shared" / "data" / "names.txt" for d in ROOT.parents if (d / "shared" / "data" / "names.txt").is_file()),
-    ROOT.parent / "shared" / "data" / "names.txt"))
+from dev_data import DEFAULT_DATA  # noqa: E402  (beside this script)
 
 
 def main() -> int:

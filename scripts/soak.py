@@ -29,9 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gui")]
-DEFAULT_DATA = os.environ.get("MICROGPT_NAMES") or next(
-    (str(p) for p in (d / "shared" / "data" / "names.txt" for d in ROOT.parents) if p.is_file()),
-    str(ROOT.parent / "shared" / "data" / "names.txt"))  # ../shared, or beside a folder of worktrees
+from dev_data import DEFAULT_DATA  # noqa: E402  (beside this script)
 
 from soak_actions import ACTIONS, when  # noqa: E402  (beside this script)
 
