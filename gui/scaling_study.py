@@ -25,7 +25,7 @@ from engine import bench, scaling
 from engine.bench import BenchResult
 
 from .controls import buddy, plot_widget
-from .latest_worker import LatestRequestWorker
+from .background import BackgroundCall
 from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
@@ -201,10 +201,10 @@ class ScalingStudyDialog(QDialog):
             self.run_button.setEnabled(False)
             self.status.setText("Open a dataset first: the measurements train on it.")
         # which backends can run here, found off the GUI thread (importing PyTorch takes seconds)
-        self._checker = LatestRequestWorker(self, name="scaling-availability")
-        self._checker.resultReady.connect(self._show_availability)
         names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
-        self._checker.submit("availability", lambda cancel: availability(names))
+        checker = BackgroundCall("scaling-availability", availability, names, parent=self)
+        checker.done.connect(self._show_availability)
+        checker.start()
 
     # running ------------------------------------------------------------------
     @staticmethod
@@ -225,8 +225,7 @@ class ScalingStudyDialog(QDialog):
                 item = listing.item(i)
                 item.setCheckState(Qt.Checked if item.text() in names else Qt.Unchecked)
 
-    def _show_availability(self, key: str, status: dict) -> None:
-        self._checker.close(0)  # its one job is done
+    def _show_availability(self, _call, status: dict) -> None:
         for i in range(self.backend_list.count()):
             item = self.backend_list.item(i)
             available, reason = status.get(item.text(), (True, ""))
@@ -373,5 +372,4 @@ class ScalingStudyDialog(QDialog):
 
     def closeEvent(self, event) -> None:
         self.cancel()  # the study's thread ends at its next check; nothing waits for it
-        self._checker.close(0)
         super().closeEvent(event)
