@@ -54,6 +54,7 @@ class CharMapPanel(QWidget):
         item.addItem(self.scatter)
         self.labels: list[pg.TextItem] = []
         self.trail_curves: list[pg.PlotCurveItem] = []
+        self._trail_labels: tuple[str, ...] | None = None  # the characters trail_curves were made for
         self.trails_check = QCheckBox("Show t&rails", objectName="charMapTrailsCheck", checked=True)
         self.trails_check.setToolTip(f"Faint lines through each character's last {TRAIL_LENGTH} positions")
         self.clear_trails_button = QPushButton("&Clear trails", objectName="charMapClearTrailsButton")
@@ -144,18 +145,24 @@ class CharMapPanel(QWidget):
                           f"variance, after step {m.step:,}.{vowels}")
 
     def _draw_trails(self, *_) -> None:
-        for curve in self.trail_curves:
-            self.plot.removeItem(curve)
-        self.trail_curves = []
         m = self.char_map
-        if m is None or not self.trails_check.isChecked() or not len(m.trails):
+        shown = m is not None and self.trails_check.isChecked() and len(m.trails) > 0
+        if not shown or self._trail_labels != m.labels:  # hidden, or other characters: new curves
+            for curve in self.trail_curves:
+                self.plot.removeItem(curve)
+            self.trail_curves, self._trail_labels = [], None
+        if not shown:
             return
+        if not self.trail_curves:
+            for label in m.labels:
+                color = VOWEL_COLOR if is_vowel(label) else OTHER_COLOR
+                curve = pg.PlotCurveItem(pen=pg.mkPen(*color, 60, width=1.5))
+                self.plot.addItem(curve)
+                self.trail_curves.append(curve)
+            self._trail_labels = m.labels
         path = np.concatenate([m.trails, m.points[None]])  # (refreshes, characters, 2), oldest first
-        for i, label in enumerate(m.labels):
-            color = VOWEL_COLOR if is_vowel(label) else OTHER_COLOR
-            curve = pg.PlotCurveItem(path[:, i, 0], path[:, i, 1], pen=pg.mkPen(*color, 60, width=1.5))
-            self.plot.addItem(curve)
-            self.trail_curves.append(curve)
+        for i, curve in enumerate(self.trail_curves):  # a refresh: the same curves, new data
+            curve.setData(path[:, i, 0], path[:, i, 1])
 
     def clear_trails(self) -> None:
         self.history = []
@@ -169,4 +176,4 @@ class CharMapPanel(QWidget):
         self.scatter.clear()
         for item in [*self.labels, *self.trail_curves]:
             self.plot.removeItem(item)
-        self.labels, self.trail_curves = [], []
+        self.labels, self.trail_curves, self._trail_labels = [], [], None
