@@ -1,4 +1,5 @@
-"""Free memory and sizes people can read: what the memory checks refuse with.
+"""Free memory and sizes people can read: what the memory checks refuse with;
+and the growing buffers that keep a run's per-step values.
 
 On Linux an allocation past free memory can succeed and then get the process
 killed, so sizes a person typed are checked against this before anything is
@@ -7,6 +8,23 @@ allocated (Backend, read_checkpoint).
 from __future__ import annotations
 
 import os
+
+import numpy as np
+
+
+def grown(buffer: np.ndarray, needed: int, keep: int, least: int = 0, most: int | None = None) -> np.ndarray:
+    """buffer if it holds `needed` values; else a new one of twice its size (at
+    least `needed` and `least`, at most `most`) holding its first `keep` values.
+    Doubling keeps a long run's appends cheap, and its memory what its steps so
+    far need."""
+    if needed <= len(buffer):
+        return buffer
+    size = max(needed, 2 * len(buffer), least)
+    if most is not None:
+        size = min(size, most)
+    out = np.empty(size, dtype=buffer.dtype)
+    out[:keep] = buffer[:keep]
+    return out
 
 
 def available_memory_bytes() -> int | None:

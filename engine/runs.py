@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import PRESETS, ModelConfig, TrainConfig
+from .memory import grown
 
 CUSTOM = "custom"
 
@@ -54,13 +55,8 @@ class RunRecord:
             raise ValueError(f"losses from step {first_step} cannot follow step {self.steps}")
         losses = np.asarray(losses, dtype=np.float32).reshape(-1)
         end = first_step + len(losses)
-        if end > len(self._losses):
-            size = max(end, 2 * len(self._losses))
-            for name in ("_losses", "_step_seconds"):
-                old = getattr(self, name)
-                grown = np.empty(size, dtype=old.dtype)
-                grown[: first_step] = old[: first_step]
-                setattr(self, name, grown)
+        self._losses = grown(self._losses, end, first_step)
+        self._step_seconds = grown(self._step_seconds, end, first_step)
         self._losses[first_step:end] = losses
         per_step = np.nan if seconds is None or not len(losses) else seconds / len(losses)
         self._step_seconds[first_step:end] = per_step

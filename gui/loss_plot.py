@@ -17,6 +17,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
+from engine.memory import grown
+
 from .controls import plot_widget
 
 MIN_REDRAW_MS = 40  # at most 25 redraws a second; fewer if a redraw gets slow
@@ -65,12 +67,8 @@ class GrowingSeries:
         self._carry = 0.0
 
     def _reserve(self, n: int) -> None:
-        if n > len(self.y):
-            size = max(n, 2 * len(self.y))
-            for name in ("x", "y", "smooth"):
-                grown = np.empty(size, dtype=np.float64)
-                grown[: self.n] = getattr(self, name)[: self.n]
-                setattr(self, name, grown)
+        for name in ("x", "y", "smooth"):
+            setattr(self, name, grown(getattr(self, name), n, self.n))
 
     def extend(self, losses: np.ndarray, first_step: int, weight: float) -> None:
         if first_step != self.n:  # a rewound run (checkpoint): drop what follows first_step

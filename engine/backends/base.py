@@ -16,7 +16,7 @@ from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..errors import BackendError, TrainingDiverged
-from ..memory import available_memory_bytes, format_bytes, format_count
+from ..memory import available_memory_bytes, format_bytes, format_count, grown
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
 from ..sampling import MAX_SAMPLES, memory_bytes as sampling_memory_bytes
@@ -121,11 +121,7 @@ class Backend(ABC):
         """Append the losses of steps just trained and advance the step; the history
         doubles when full, so a long run's history costs what its steps so far need."""
         end = self._step + len(losses)
-        if end > len(self._losses):
-            size = min(max(end, 2 * len(self._losses), 1024), self.train_config.num_steps)
-            grown = np.empty(size, dtype=np.float32)
-            grown[: self._step] = self._losses[: self._step]
-            self._losses = grown
+        self._losses = grown(self._losses, end, self._step, least=1024, most=self.train_config.num_steps)
         self._losses[self._step : end] = losses
         self._step = end
 
