@@ -162,7 +162,8 @@ CPU_BACKENDS = ["futhark-c", "futhark-multicore", MULTICORE_2_THREADS]
 
 @pytest.fixture(autouse=True)
 def _register_two_thread_multicore(request, monkeypatch):
-    """MULTICORE_2_THREADS is a backend name for the tests that are given it."""
+    """MULTICORE_2_THREADS is a backend name for the tests that are given it:
+    futhark-multicore under the engine's own thread-count override."""
     callspec = getattr(request.node, "callspec", None)
     if callspec is None or not any(isinstance(value, str) and value == MULTICORE_2_THREADS
                                    for value in callspec.params.values()):
@@ -170,15 +171,8 @@ def _register_two_thread_multicore(request, monkeypatch):
     from engine import backends as registry
     from engine.backends import futhark_backend as fbk
 
-    class TwoThreadMulticore(fbk.FutharkMulticoreBackend):
-        name = MULTICORE_2_THREADS
-
-        def threads(self) -> int:
-            return 2
-
-    monkeypatch.setitem(registry._REGISTRY, MULTICORE_2_THREADS,
-                        (registry._REGISTRY["futhark-multicore"][0],
-                         lambda model, train, corpus, params: TwoThreadMulticore(model, train, corpus, params)))
+    monkeypatch.setenv(fbk.THREADS_ENV, "2")
+    monkeypatch.setitem(registry._REGISTRY, MULTICORE_2_THREADS, registry._REGISTRY["futhark-multicore"])
 
 
 # -- the sampler's reference ---------------------------------------------------
