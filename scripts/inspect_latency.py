@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ def main() -> int:
     import shiboken6
     from PySide6.QtCore import QEventLoop, QObject, Qt, QTimer, Signal
     from PySide6.QtWidgets import QApplication, QTabWidget
-    from typist import Typist
+    from typist import Typist, latency_summary
 
     import engine
     from engine import inspect as ins
@@ -98,9 +97,9 @@ def main() -> int:
         return typist.latencies_ms
 
     def report(name: str, ms: list[float], note: str = "") -> None:
-        ms = sorted(ms)
-        print(f"{name:<24} keystrokes {len(ms):3d}  median {statistics.median(ms):6.1f} ms  "
-              f"p90 {ms[int(0.9 * (len(ms) - 1))]:6.1f} ms  max {ms[-1]:6.1f} ms{note}")
+        keys, median, p90, most = latency_summary(ms)
+        print(f"{name:<24} keystrokes {keys:3d}  median {median:6.1f} ms  "
+              f"p90 {p90:6.1f} ms  max {most:6.1f} ms{note}")
 
     print(f"preset {args.preset} ({backend.num_params:,} parameters), numpy backend, "
           f"platform {app.platformName()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")

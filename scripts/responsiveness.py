@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -104,7 +103,7 @@ def main() -> int:
         print(f"no tab {args.tab!r}; the tabs are {titles}")
         return 2
     tabs.setCurrentIndex(titles.index(args.tab))
-    from typist import Typist
+    from typist import Typist, latency_summary
 
     typist = Typist(window.next_char_panel, max_prefix=10) if args.tab == "Next character" else None
 
@@ -137,9 +136,9 @@ def main() -> int:
         print(f"{preset:8} {rate:8.0f} {k:8d} {updates:15.1f} {max(lateness):13.1f} {p99(lateness):13.1f} "
               f"{max(stops):12.0f} (n={len(stops)})", flush=True)
         if typist is not None and typist.latencies_ms:
-            ms = sorted(typist.latencies_ms)
-            print(f"{'':8} keystroke to bars: {len(ms)} keys, median {statistics.median(ms):.0f} ms, "
-                  f"p90 {ms[int(0.9 * (len(ms) - 1))]:.0f} ms, max {ms[-1]:.0f} ms", flush=True)
+            keys, median, p90, most = latency_summary(typist.latencies_ms)
+            print(f"{'':8} keystroke to bars: {keys} keys, median {median:.0f} ms, "
+                  f"p90 {p90:.0f} ms, max {most:.0f} ms", flush=True)
         window.reset()
         wait_for(lambda: window.state == "none")
     window.close()

@@ -9,12 +9,19 @@ as it does for a person.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtTest import QTest
 
 TYPED = "kaylee\bn\b\bmar\b\bia\b\bisabella"  # \b is Backspace
+
+
+def latency_summary(latencies_ms: list[float]) -> tuple[int, float, float, float]:
+    """(keys, median, p90, max) of keystroke-to-bars latencies, in ms."""
+    ms = sorted(latencies_ms)
+    return len(ms), statistics.median(ms), ms[int(0.9 * (len(ms) - 1))], ms[-1]
 
 
 class Typist:
