@@ -48,16 +48,19 @@ def write_script(folder: Path, name: str, body: str) -> Path:
     return path
 
 
-def version_only_futhark(folder: Path, version_output: str = FUTHARK_VERSION_OUTPUT) -> Path:
-    """A `futhark` that answers --version and refuses to compile anything."""
+def stand_in_futhark(folder: Path, body: str, version_output: str = FUTHARK_VERSION_OUTPUT) -> Path:
+    """A `futhark` that answers --version with version_output and otherwise runs body."""
     return write_script(folder, "futhark", f"""if [ "$1" = "--version" ]; then
 cat <<'EOF'
 {version_output}EOF
 exit 0
 fi
-echo "this stand-in compiles nothing" >&2
-exit 2
-""")
+{body}""")
+
+
+def version_only_futhark(folder: Path, version_output: str = FUTHARK_VERSION_OUTPUT) -> Path:
+    """A `futhark` that answers --version and refuses to compile anything."""
+    return stand_in_futhark(folder, 'echo "this stand-in compiles nothing" >&2\nexit 2\n', version_output)
 
 
 def stand_in_cc(folder: Path, name: str, version_line: str, body: str = "exit 0\n") -> Path:

@@ -27,8 +27,8 @@ from engine.futhark import cc
 from engine.futhark import generated as gen
 from engine.futhark.lock import FileLock
 from futhark_support import (CLANG, CLANG_VERSION, FUTHARK_ERROR, REPO_ROOT, copy_kernels, edit_kernel,
-                             hide_futhark, requires_real_futhark, stand_in_cc,
-                             version_only_futhark, write_script)
+                             hide_futhark, requires_real_futhark, stand_in_cc, stand_in_futhark,
+                             version_only_futhark)
 
 
 # -- where the code comes from ---------------------------------------------------
@@ -131,14 +131,11 @@ def test_library_dir_is_in_the_per_user_cache(with_clang, clean_env):
 
 def failing_futhark(folder: Path) -> Path:
     """A `futhark` that knows its version and rejects the program, as a type error would."""
-    return write_script(folder, "futhark", f"""if [ "$1" = "--version" ]; then
-echo "Futhark 0.25.9"; exit 0
-fi
-echo "Compiling $@" >&1
+    return stand_in_futhark(folder, f"""echo "Compiling $@" >&1
 cat >&2 <<'EOF'
 {FUTHARK_ERROR}EOF
 exit 1
-""")
+""", "Futhark 0.25.9\n")
 
 
 def test_failed_futhark_compile_raises_with_the_first_error_lines_and_log(with_clang, clean_env, tmp_path):

@@ -17,7 +17,7 @@ from engine.futhark import cc
 from engine.futhark import generated as gen
 from engine.futhark import tools as ft
 from engine.futhark.__main__ import main as futhark_main
-from futhark_support import copy_kernels, edit_kernel, requires_real_futhark, write_script
+from futhark_support import copy_kernels, edit_kernel, requires_real_futhark, stand_in_futhark
 
 
 # -- the shipped code and its staleness check ------------------------------------
@@ -81,8 +81,7 @@ def test_regenerate_command_without_a_compiler_says_so(clean_env, capsys):
 
 
 # Writes what `futhark <target> --library -o microgpt microgpt.fut` writes, from the sources.
-GENERATING_FUTHARK = """if [ "$1" = "--version" ]; then echo "Futhark 0.25.99"; exit 0; fi
-[ "$2 $3 $4 $5" = "--library -o microgpt microgpt.fut" ] || exit 9
+GENERATING_FUTHARK = """[ "$2 $3 $4 $5" = "--library -o microgpt microgpt.fut" ] || exit 9
 echo "/* $1 code of $(cat *.fut lib/*.fut 2>/dev/null | cksum) */" > microgpt.c
 echo "/* $1 header */" > microgpt.h
 echo '{"backend": "'$1'"}' > microgpt.json
@@ -94,7 +93,7 @@ def test_regenerate_rewrites_every_target_and_the_manifest(clean_env, tmp_path):
     edit_kernel(kernels)
     (kernels / "lib").mkdir()
     (kernels / "lib" / "extra.fut").write_text("def one = 1f32\n")
-    write_script(clean_env / "empty-bin", "futhark", GENERATING_FUTHARK)
+    stand_in_futhark(clean_env / "empty-bin", GENERATING_FUTHARK, "Futhark 0.25.99\n")
     said = []
     manifest = gen.regenerate(ft.find_compiler(), kernels, say=said.append)
     assert gen.check(kernels) == [] and gen.read_manifest(kernels) == manifest
@@ -112,10 +111,9 @@ def test_a_failed_regenerate_leaves_the_folder_as_it_was(clean_env, tmp_path):
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)
     before = {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()}
-    write_script(clean_env / "empty-bin", "futhark", """if [ "$1" = "--version" ]; then echo "Futhark 0.25.99"; exit 0; fi
-if [ "$1" = "cuda" ]; then echo "Error at microgpt.fut:1:1: no CUDA today" >&2; exit 1; fi
+    stand_in_futhark(clean_env / "empty-bin", """if [ "$1" = "cuda" ]; then echo "Error at microgpt.fut:1:1: no CUDA today" >&2; exit 1; fi
 echo "/* $1 */" > microgpt.c; echo > microgpt.h; echo "{}" > microgpt.json
-""")
+""", "Futhark 0.25.99\n")
     with pytest.raises(BackendError, match=r"(?s)could not compile the kernels for the cuda backend.*no CUDA today"):
         gen.regenerate(ft.find_compiler(), kernels, say=lambda line: None)
     assert {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()} == before
