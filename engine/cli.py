@@ -24,6 +24,7 @@ from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
+from .sampling import check_prefix_length
 from .health import loss_warning
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
@@ -290,8 +291,7 @@ def check_prefix(prefix: str, corpus, block_size: int) -> None:
         corpus.encode(prefix)
     except ValueError as exc:  # "character 'Z' is not in the vocabulary"
         raise ValueError(f"--prefix {prefix!r}: {exc} of this dataset") from None
-    if len(prefix) >= block_size:
-        raise ValueError(f"--prefix must be shorter than block_size ({block_size}), got {len(prefix)} characters")
+    check_prefix_length(prefix, block_size, "--prefix")
 
 
 def run_demo(args) -> int:

@@ -52,6 +52,20 @@ class TokenArrays:
         return int(self.lengths.max())
 
 
+def char_encoder(chars) -> Callable[[str], list[int]]:
+    """text -> the ids of its characters in `chars`; ValueError naming a character
+    that is not among them."""
+    index = {ch: i for i, ch in enumerate(chars)}
+
+    def encode(text: str) -> list[int]:
+        try:
+            return [index[ch] for ch in text]
+        except KeyError as exc:
+            raise ValueError(f"character {exc.args[0]!r} is not in the vocabulary") from None
+
+    return encode
+
+
 class Corpus:
     """Documents in training order (shuffled once, as microgpt does) and the vocabulary."""
 
@@ -70,7 +84,7 @@ class Corpus:
                 "the file is the text you meant, or remove rare characters.")
         self.bos: int = len(self.chars)
         self.vocab_size: int = self.bos + 1
-        self._index = {ch: i for i, ch in enumerate(self.chars)}
+        self._encode = char_encoder(self.chars)
         self._arrays: TokenArrays | None = None
 
     # construction -----------------------------------------------------------
@@ -110,10 +124,7 @@ class Corpus:
 
     # encoding ---------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        try:
-            return [self._index[ch] for ch in text]
-        except KeyError as exc:
-            raise ValueError(f"character {exc.args[0]!r} is not in the vocabulary") from None
+        return self._encode(text)
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in ids if i != self.bos)

@@ -16,9 +16,11 @@ from typing import Callable
 import numpy as np
 
 from .config import ModelConfig
+from .data import char_encoder
 from .errors import Cancelled
 from .model import Weights, forward, next_token_logits
 from .params import flatten, param_specs
+from .sampling import check_prefix_length
 
 END_LABEL = "end"  # bos as the next character: the name ends here
 START_LABEL = "start"  # bos as the first input position
@@ -56,7 +58,7 @@ class Snapshot:
         object.__setattr__(self, "chars", chars)
         object.__setattr__(self, "flat", flat)
         object.__setattr__(self, "weights", Weights(flat, specs, self.model))
-        object.__setattr__(self, "_index", {ch: i for i, ch in enumerate(chars)})
+        object.__setattr__(self, "encode", char_encoder(chars))
 
     @classmethod
     def from_params(cls, params: dict, model: ModelConfig, chars, step: int = 0) -> "Snapshot":
@@ -79,17 +81,9 @@ class Snapshot:
     def vocab_size(self) -> int:
         return len(self.chars) + 1
 
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self._index[ch] for ch in text]
-        except KeyError as exc:
-            raise ValueError(f"character {exc.args[0]!r} is not in the vocabulary") from None
-
     def context(self, prefix: str) -> np.ndarray:
         """bos + prefix as token ids; the prefix must leave room for one more token."""
-        if len(prefix) >= self.model.block_size:
-            raise ValueError(f"the prefix must be shorter than block_size ({self.model.block_size}), "
-                             f"got {len(prefix)} characters")
+        check_prefix_length(prefix, self.model.block_size)
         return np.array([self.bos, *self.encode(prefix)], dtype=np.int64)
 
     def next_labels(self) -> tuple[str, ...]:

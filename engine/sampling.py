@@ -49,6 +49,12 @@ FIRST_CAPACITY = 32  # positions a batch's cache holds before it first grows
 DRAW_BYTES_PER_LOGIT = 4 + 4 + 8 + 8 + 1
 
 
+def check_prefix_length(prefix: str, block_size: int, name: str = "the prefix") -> None:
+    """A prefix must leave room for one drawn token: shorter than block_size."""
+    if len(prefix) >= block_size:
+        raise ValueError(f"{name} must be shorter than block_size ({block_size}), got {len(prefix)} characters")
+
+
 def batch_rows(vocab_size: int) -> int:
     """Rows drawn together: as many as DRAW_BYTES of logits allow, at most MAX_BATCH_ROWS."""
     return max(1, min(MAX_BATCH_ROWS, DRAW_BYTES // (DRAW_BYTES_PER_LOGIT * vocab_size)))

@@ -19,7 +19,7 @@ from ..errors import BackendError, TrainingDiverged
 from ..memory import available_memory_bytes, format_bytes, format_count, grown
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
-from ..sampling import MAX_SAMPLES, memory_bytes as sampling_memory_bytes
+from ..sampling import MAX_SAMPLES, check_prefix_length, memory_bytes as sampling_memory_bytes
 
 
 @dataclass
@@ -215,9 +215,7 @@ class Backend(ABC):
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a string, got {prefix!r}")
-        if len(prefix) >= self.model.block_size:
-            raise ValueError(f"the prefix must be shorter than block_size ({self.model.block_size}), "
-                             f"got {len(prefix)} characters")
+        check_prefix_length(prefix, self.model.block_size)
         prefix_ids = self.corpus.encode(prefix)
         ids = self._sample_ids(int(num_samples), float(temperature), int(seed), prefix_ids, cancel)
         return [prefix + self.corpus.decode(sample) for sample in ids]
