@@ -1,5 +1,5 @@
 """Small pieces the panels share: a label that gives a control its keyboard
-mnemonic, a named plot widget, and the seed box's step after a sample."""
+mnemonic, a named plot widget with room for its edge tick labels, and the seed box's step after a sample."""
 from __future__ import annotations
 
 import pyqtgraph as pg
@@ -18,6 +18,9 @@ def plot_widget(name: str, tooltip: str) -> pg.PlotWidget:
     keyword arguments to its PlotItem, so objectName= would not name the widget.)"""
     plot = pg.PlotWidget(background="w")
     plot.setObjectName(name)
+    # room above and right of the axes: tick labels are centred on their tick, so the
+    # top y label and the last x label would otherwise be cut in half by the widget's edge
+    plot.getPlotItem().layout.setContentsMargins(2, 10, 14, 2)
     plot.setToolTip(tooltip)
     return plot
 

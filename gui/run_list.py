@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
-from .loss_plot import GrowingSeries
+from .loss_series import GrowingSeries, Resmoother
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
@@ -41,6 +41,8 @@ class RunListPanel(QWidget):
         self.smoothing = smoothing
         self._colors: dict[int, tuple[int, int, int]] = {}
         self._series: dict[int, GrowingSeries] = {}  # each record's steps and EMA so far
+        self._resmoother = Resmoother(self)  # a new weight, off the GUI thread for long runs
+        self._resmoother.done.connect(self._redraw_all)
         self._dirty: set[int] = set()
         self._next_color = 0
 
@@ -128,9 +130,7 @@ class RunListPanel(QWidget):
     def set_smoothing(self, weight: float) -> None:
         """The loss plot's smoothing weight (0 to 0.999)."""
         self.smoothing = float(weight)
-        for series in self._series.values():
-            series.resmooth(self.smoothing)
-        self._redraw_all()
+        self._resmoother.resmooth(list(self._series.values()), self.smoothing)  # then _redraw_all
 
     @property
     def x_axis(self) -> str:
@@ -142,12 +142,14 @@ class RunListPanel(QWidget):
     def _series_of(self, record: RunRecord) -> GrowingSeries:
         """The record's steps and smoothed losses (the EMA of the loss plot), extended
         by the steps it gained since the last call (rebuilt if it was rewound)."""
-        series = self._series.setdefault(id(record), GrowingSeries())
+        series = self._series.get(id(record))
+        if series is None:
+            series = self._series[id(record)] = GrowingSeries(self.smoothing)
         n = record.steps
         if series.n > n:
-            series.truncate(n, self.smoothing)
+            series.truncate(n)
         if series.n < n:
-            series.extend(record.losses[series.n:n], series.n, self.smoothing)
+            series.extend(record.losses[series.n:n], series.n)
         return series
 
     def smoothed(self, record: RunRecord) -> np.ndarray:
