@@ -30,6 +30,14 @@ PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121,
 COLUMNS = ["Run", "Preset", "Backend", "LR", "Steps", "Smoothed loss", "ms/step", "Status"]
 STEP, SECONDS = "step", "seconds"
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
+TABLE_ROWS = 6  # runs in view before the table scrolls
+TIME_AXIS = "training time"
+
+
+def table_height(table: QTableWidget, rows: int) -> int:
+    """The height that shows the header and `rows` rows."""
+    return (table.horizontalHeader().sizeHint().height() + rows * table.verticalHeader().defaultSectionSize()
+            + 2 * table.frameWidth())
 
 
 class RunListPanel(QWidget):
@@ -55,10 +63,10 @@ class RunListPanel(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
         header.setStretchLastSection(True)
-        self.table.setMinimumHeight(110)
+        self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
         self.x_axis_combo.addItem("step", STEP)
-        self.x_axis_combo.addItem("wall-clock seconds", SECONDS)
+        self.x_axis_combo.addItem(TIME_AXIS, SECONDS)  # the axis's own words (it adds the unit)
         self.x_axis_combo.setToolTip("Compare runs by step, or by training time (pauses left out)")
         self.plot = plot_widget("runOverlayPlot", "Smoothed loss of each ticked run")
         item = self.plot.getPlotItem()
@@ -243,7 +251,7 @@ class RunListPanel(QWidget):
         if self.x_axis == STEP:
             self.plot.getPlotItem().setLabel("bottom", "step", units=None)
         else:  # pyqtgraph picks ms, s or ks from the range
-            self.plot.getPlotItem().setLabel("bottom", "training time", units="s")
+            self.plot.getPlotItem().setLabel("bottom", TIME_AXIS, units="s")
 
     def _show_info(self) -> None:
         untimed = [r.name for r in self.checked_runs() if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]
