@@ -349,7 +349,7 @@ def test_menus_about_and_hover_readout(make_window, names_path, qtbot):
     view.setRange(xRange=(0, 29), yRange=(1, 4), padding=0)
     losses = window.session.worker.loss_history()
     plot.plot.scene().sigMouseMoved.emit(view.mapViewToScene(QPointF(12.2, 2.0)))
-    assert plot.readout.text().startswith(f"step 12: loss {losses[12]:.4f}")
+    assert plot.readout.text().startswith(f"step 12: loss {losses[11]:.4f}")  # steps count from 1
 
 
 def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
