@@ -56,4 +56,6 @@ class ElidingStatusBar(QStatusBar):
         return max(0, right - STATUS_GAP_PX - 6)  # QStatusBar starts its message 6 px in
 
     def _elided(self, text: str) -> str:
+        if not self.isVisible():  # not laid out yet: the fields' places are unknown
+            return text
         return self.fontMetrics().elidedText(text, Qt.ElideRight, self.message_room())
