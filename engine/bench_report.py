@@ -21,14 +21,28 @@ def table_header() -> str:
                            "sample ms", "peak MB", "steps", "s", "load")
 
 
+def is_busy(r: BenchResult) -> bool:
+    """A measured row that ran while the load average exceeded the core count
+    (other work shared the CPU): bench's table, its warning and the window's
+    Scaling study all flag rows by this."""
+    return r.status == "ok" and r.busy
+
+
+def status_text(r: BenchResult) -> str:
+    """"ok", "busy (load 3.1 on 2 cores)", or the status and the reason it has no figures."""
+    if r.status != "ok":
+        return f"{r.status}: {r.reason}"
+    return f"busy (load {r.load_avg:.1f} on {r.cores} cores)" if is_busy(r) else "ok"
+
+
 def table_row(r: BenchResult) -> str:
     if r.status != "ok":
-        return f"{r.backend:<17} {r.preset:<11} {r.status}: {r.reason}"
+        return f"{r.backend:<17} {r.preset:<11} {status_text(r)}"
     row = _COLUMNS.format(r.backend, r.preset, f"{r.params:,}", f"{r.ms_per_step:.3f}", f"{r.ms_min:.3f}",
                           f"{r.ms_max:.3f}", f"{r.steps_per_s:.1f}",
                           "-" if r.sample_ms is None else f"{r.sample_ms:.1f}", f"{r.peak_rss_mb:.0f}",
                           r.steps, f"{r.seconds:.1f}", "-" if r.load_avg is None else f"{r.load_avg:.1f}")
-    return row + (" busy" if r.busy else "")
+    return row + (" busy" if is_busy(r) else "")
 
 
 def legend(budget: Budget) -> str:
@@ -41,7 +55,7 @@ def legend(budget: Budget) -> str:
 def busy_note(results: list[BenchResult]) -> str:
     """A warning when any row ran while the load average exceeded the core count, else ""."""
     measured = [r for r in results if r.status == "ok"]
-    busy = [r for r in measured if r.busy]
+    busy = [r for r in measured if is_busy(r)]
     if not busy:
         return ""
     worst = max(busy, key=lambda r: r.load_avg)

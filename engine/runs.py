@@ -1,9 +1,12 @@
 """A record of one training run for comparing runs: its configuration, every
 step's loss and the wall-clock time each step took. Qt-free; the window keeps
 one per run of the session (trained, stopped or loaded from a checkpoint).
+And the loss history's CSV (the window's Export loss).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +15,7 @@ from .config import PRESETS, ModelConfig, TrainConfig
 from .memory import grown
 
 CUSTOM = "custom"
+LOSS_CSV_HEADER = "step,loss,smoothed"  # steps count from 1, as the window's do
 
 
 def preset_name(model: ModelConfig) -> str:
@@ -73,3 +77,19 @@ class RunRecord:
         """Mean wall-clock milliseconds per timed step; NaN when no step was timed."""
         timed = self.step_seconds[~np.isnan(self.step_seconds)]
         return float(1e3 * timed.mean()) if len(timed) else float("nan")
+
+
+def write_loss_csv(path: str | os.PathLike, steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray) -> str:
+    """`step,loss,smoothed` rows, written beside path and then renamed: a write cut
+    short (the app quit meanwhile) never leaves a truncated CSV under the user's name."""
+    path = os.fspath(path)
+    partial = f"{path}.part"
+    table = np.column_stack([steps, losses, smoothed])
+    try:
+        np.savetxt(partial, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",", header=LOSS_CSV_HEADER, comments="")
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+    return path

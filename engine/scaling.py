@@ -19,10 +19,11 @@ from typing import Callable
 
 from . import bench
 from .bench import BenchResult
+from .bench_report import is_busy
 from .errors import Cancelled
 
 MeasureFn = Callable[[str, str, float, Callable[[], bool]], BenchResult]
-CSV_COLUMNS = ("backend", "preset", "params", "ms_per_step", "steps_per_s", "status", "reason")
+CSV_COLUMNS = ("backend", "preset", "params", "ms_per_step", "steps_per_s", "status", "reason", "load_avg", "busy")
 
 
 def isolated_measure(data: str | Path, sample_names: int = 0) -> MeasureFn:
@@ -60,5 +61,7 @@ def write_csv(path: str | Path, results: list[BenchResult]) -> None:
         writer = csv.writer(out)
         writer.writerow(CSV_COLUMNS)
         for r in results:
-            writer.writerow([r.backend, r.preset, r.params or "", f"{r.ms_per_step:.6g}" if r.status == "ok" else "",
-                             f"{r.steps_per_s:.6g}" if r.status == "ok" else "", r.status, r.reason])
+            ok = r.status == "ok"
+            writer.writerow([r.backend, r.preset, r.params or "", f"{r.ms_per_step:.6g}" if ok else "",
+                             f"{r.steps_per_s:.6g}" if ok else "", r.status, r.reason,
+                             "" if r.load_avg is None else f"{r.load_avg:.2f}", "busy" if is_busy(r) else ""])

@@ -25,7 +25,7 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
     def on_state(state: str):
         if quit_when_done and state in ("done", "failed"):
             failed = state == "failed" or any(kind == "error" for kind, *_ in window.messages[errors_before:])
-            print(f"microgpt-gui: run {'failed' if failed else 'ended'} at step {window.loss_plot.series.n} "
+            print(f"microgpt-gui: run {'failed' if failed else 'ended'} at step {window.loss_plot.series.n:,} "
                   f"on the {app.platformName()} platform",
                   file=sys.stderr if failed else sys.stdout)
             app.exit(1 if failed else 0)

@@ -43,6 +43,8 @@ class AttentionPanel(QWidget):
         item.hideButtons()
         item.setLabel("bottom", "attends to (key)")
         item.setLabel("left", "position (query)")
+        for side in ("bottom", "left"):
+            item.getAxis(side).enableAutoSIPrefix(False)  # the ticks are characters, never "(x0.001)"
         item.getViewBox().invertY(True)  # first position at the top, as a matrix is read
         item.getViewBox().setAspectLocked(True)
         self.image = pg.ImageItem(axisOrder="row-major")
@@ -53,6 +55,7 @@ class AttentionPanel(QWidget):
         self.color_bar.setImageItem(self.image, insert_in=item)
         self.readout = QLabel(" ", objectName="attentionReadout")
         self.info = QLabel(" ", objectName="attentionInfo", wordWrap=True)
+        self._empty_axes()
 
         top = QHBoxLayout()
         top.addWidget(buddy("Na&me", self.name_edit))
@@ -172,7 +175,16 @@ class AttentionPanel(QWidget):
     def clear(self) -> None:
         self.attention = None
         self.image.clear()
+        self._empty_axes()
         self.readout.setText(" ")
+
+    def _empty_axes(self) -> None:
+        """No name shown: no tick labels (not the last name's), on a unit square
+        (an empty aspect-locked view would span -600 to 600 by itself)."""
+        item = self.plot.getPlotItem()
+        for side in ("bottom", "left"):
+            item.getAxis(side).setTicks([[]])
+        item.getViewBox().setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
 
     def _on_mouse_moved(self, pos) -> None:
         a, view = self.attention, self.plot.getPlotItem().vb

@@ -2,7 +2,9 @@
 2-D by PCA, one labelled point per character, refreshed as training goes on.
 Vowels are drawn in red; faint trails show where each character has been
 over the last refreshes (its earlier embeddings seen on today's axes), so
-the vowels' drift towards each other is visible.
+the vowels' drift towards each other is visible. Each label sits on the side
+of its point where it covers no other label (place_labels), so characters
+that end up close together stay readable.
 The projection comes from engine.inspect through an InspectHub.
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QPointF, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
@@ -26,8 +28,43 @@ TRAIL_LENGTH = 15  # refreshes remembered per character
 VOWEL_COLOR, OTHER_COLOR = (200, 40, 40), (30, 60, 140)
 
 
+# where a label may sit, as pyqtgraph TextItem anchors (the fraction of the label's box
+# that lies on its point): right and above, right and below, left and above, left and below
+ANCHORS = ((-0.15, 0.9), (-0.15, 0.1), (1.15, 0.9), (1.15, 0.1))
+MARKER_PX = 9  # a point's marker, which a label should not cover either
+
+
 def is_vowel(label: str) -> bool:
     return label.lower() in ins.VOWELS
+
+
+def label_box(point, size, anchor) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) in pixels of a label of size (w, h) anchored at point (x, y)."""
+    (x, y), (w, h), (ax, ay) = point, size, anchor
+    left, top = x - ax * w, y - ay * h
+    return left, top, left + w, top + h
+
+
+def _overlaps(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_labels(points: np.ndarray, sizes: np.ndarray, order: list[int]) -> list[tuple[float, float]]:
+    """An anchor from ANCHORS for each label (pixel point, pixel size), placed greedily
+    in `order`: the first side that covers no label placed before and no other point,
+    else the side that covers fewest (a label counts ten points)."""
+    half = MARKER_PX / 2
+    markers = [(x - half, y - half, x + half, y + half) for x, y in points]
+    placed: list[tuple[float, float, float, float]] = []
+    anchors: list[tuple[float, float]] = [ANCHORS[0]] * len(points)
+    for i in order:
+        def cost(anchor):
+            box = label_box(points[i], sizes[i], anchor)
+            return (10 * sum(_overlaps(box, p) for p in placed)
+                    + sum(_overlaps(box, m) for j, m in enumerate(markers) if j != i))
+        anchors[i] = min(ANCHORS, key=cost)  # min keeps the first of equal costs
+        placed.append(label_box(points[i], sizes[i], anchors[i]))
+    return anchors
 
 
 class CharMapPanel(QWidget):
@@ -71,6 +108,8 @@ class CharMapPanel(QWidget):
         layout.addWidget(self.info)
 
         self.trails_check.toggled.connect(self._draw_trails)
+        item.getViewBox().sigRangeChanged.connect(self._place_labels)  # zoom, pan, resize: pixels move
+        item.getViewBox().sigResized.connect(self._place_labels)
         self.clear_trails_button.clicked.connect(self.clear_trails)
         hub.register(self)
 
@@ -137,12 +176,26 @@ class CharMapPanel(QWidget):
                 self.labels.append(label)
         for label, (x, y) in zip(self.labels, m.points):
             label.setPos(float(x), float(y))
+        self._place_labels()
         self._draw_trails()
         spread = ins.group_spread(m, ins.VOWELS)
         vowels = ("" if math.isnan(spread) else
                   f" Vowels (red) lie {spread:.2f}× as far apart as characters do on average.")
         self.info.setText(f"Axes: {100 * m.explained[0]:.0f}% and {100 * m.explained[1]:.0f}% of the embeddings' "
                           f"variance, after step {m.step:,}.{vowels}")
+
+    def _place_labels(self, *_) -> None:
+        m = self.char_map
+        if m is None or len(self.labels) != len(m.points):
+            return
+        view = self.plot.getPlotItem().getViewBox()
+        pixels = [view.mapViewToScene(QPointF(float(x), float(y))) for x, y in m.points]
+        points = np.array([(p.x(), p.y()) for p in pixels])
+        sizes = np.array([(label.boundingRect().width(), label.boundingRect().height()) for label in self.labels])
+        vowels_first = sorted(range(len(m.labels)), key=lambda i: not is_vowel(m.labels[i]))
+        for label, anchor in zip(self.labels, place_labels(points, sizes, vowels_first)):
+            if tuple(label.anchor) != anchor:
+                label.setAnchor(anchor)
 
     def _draw_trails(self, *_) -> None:
         m = self.char_map

@@ -8,15 +8,13 @@ losses, never the worker's state.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
-import numpy as np
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog
 
 import engine
+from engine.runs import write_loss_csv
 
 from . import worker as w
 from .background import BackgroundCall
@@ -115,8 +113,7 @@ class FileActions:
             path, _ = QFileDialog.getSaveFileName(self, "Export loss", "loss.csv", "CSV files (*.csv)")
             if not path:
                 return
-        header = f"step,loss,smoothed_{self.loss_plot.smoothing:.3f}"
-        write = BackgroundCall("export-csv", write_csv, str(path), header, steps, losses, smoothed, parent=self)
+        write = BackgroundCall("export-csv", write_loss_csv, str(path), steps, losses, smoothed, parent=self)
         write.done.connect(self._on_csv_written)
         write.failed.connect(self._on_csv_failed)
         write.start()
@@ -137,6 +134,8 @@ class FileActions:
                 return
         if not self.loss_plot.plot.grab().save(str(path), "PNG"):
             self.show_message("error", "Export failed", f"could not write {path}")
+        else:
+            self.statusBar().showMessage(f"Plot exported to {path}", 10000)
 
     def _ask_open_path(self, title: str, folder: str, filters: str) -> str:
         path, _ = QFileDialog.getOpenFileName(self, title, folder, filters)
@@ -173,17 +172,3 @@ class FileActions:
         s.setValue("view/tab", self.tabs.currentIndex())
         s.sync()
 
-
-def write_csv(path: str, header: str, steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray) -> str:
-    """Write the table beside path, then rename it: a write cut short (the app quit
-    meanwhile) never leaves a truncated CSV under the user's name."""
-    partial = f"{path}.part"
-    table = np.column_stack([steps, losses, smoothed])
-    try:
-        np.savetxt(partial, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",", header=header, comments="")
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
-    return path

@@ -3,12 +3,14 @@ average (TensorBoard's smoothing, debiased) on top, a dashed line at ln(vocab)
 (the loss of guessing uniformly), a log-y toggle and a hover read-out.
 
 The curve data is a display copy of the worker's losses in growing numpy
-buffers (amortized doubling); redraws are throttled, and pyqtgraph clips to
-the view and downsamples, so a million points stay smooth.
+buffers (amortized doubling, gui/loss_series.py); redraws are throttled, and
+pyqtgraph clips to the view and downsamples, so a million points stay smooth.
+A new smoothing weight is applied off the GUI thread once the run is long
+(loss_series.Resmoother), so the slider costs the window the same at any
+run length.
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -17,79 +19,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
-from engine.memory import grown
-
 from .controls import plot_widget
+from .loss_series import GrowingSeries, Resmoother, ema  # noqa: F401  (ema: the plot's smoothing, for callers)
 
 MIN_REDRAW_MS = 40  # at most 25 redraws a second; fewer if a redraw gets slow
-EMA_BLOCK = 256
-
-
-def ema(values: np.ndarray, weight: float, carry: float = 0.0, start: int = 0) -> tuple[np.ndarray, float]:
-    """TensorBoard's debiased EMA of values that continue a series at index start.
-
-    s_i = weight * s_{i-1} + (1 - weight) * x_i (s_{-1} = 0), shown as s_i / (1 - weight^(i+1)).
-    carry is s_{start-1}; returns (the debiased values, s at the last index). Vectorized in
-    blocks: within a block s_j = weight^(j+1) carry + (1 - weight) sum_i weight^(j-i) x_i.
-    """
-    x = np.asarray(values, dtype=np.float64)
-    out = np.empty(len(x))
-    if not len(x):
-        return out, carry
-    decay, powers = _ema_kernel(weight)
-    for lo in range(0, len(x), EMA_BLOCK):
-        block = x[lo:lo + EMA_BLOCK]
-        n = len(block)
-        biased = (1 - weight) * (decay[:n, :n] @ block) + powers[:n] * carry
-        carry = float(biased[-1])
-        index = start + lo + np.arange(n)
-        out[lo:lo + n] = biased / (1 - weight ** (index + 1.0)) if weight > 0 else biased
-    return out, carry
-
-
-@functools.lru_cache(maxsize=4)
-def _ema_kernel(weight: float) -> tuple[np.ndarray, np.ndarray]:
-    """The block's lower-triangular decay matrix weight^(j-i) and weight^(j+1)."""
-    lags = np.arange(EMA_BLOCK)
-    gaps = lags[:, None] - lags[None, :]
-    decay = np.where(gaps >= 0, weight ** np.maximum(gaps, 0), 0.0)
-    return decay, weight ** (lags + 1.0)
-
-
-class GrowingSeries:
-    """x = step, y = loss and its EMA, in buffers that double when full."""
-
-    def __init__(self):
-        self.n = 0
-        self.x = np.empty(1024, dtype=np.float64)  # x[i] == i: filled once, not per redraw
-        self.y = np.empty(1024, dtype=np.float64)
-        self.smooth = np.empty(1024, dtype=np.float64)
-        self._carry = 0.0
-
-    def _reserve(self, n: int) -> None:
-        for name in ("x", "y", "smooth"):
-            setattr(self, name, grown(getattr(self, name), n, self.n))
-
-    def extend(self, losses: np.ndarray, first_step: int, weight: float) -> None:
-        if first_step != self.n:  # a rewound run (checkpoint): drop what follows first_step
-            self.truncate(first_step, weight)
-        end = first_step + len(losses)
-        self._reserve(end)
-        self.x[first_step:end] = np.arange(first_step, end)
-        self.y[first_step:end] = losses
-        self.smooth[first_step:end], self._carry = ema(losses, weight, self._carry, first_step)
-        self.n = end
-
-    def truncate(self, n: int, weight: float) -> None:
-        self.n = min(n, self.n)
-        self.resmooth(weight)
-
-    def resmooth(self, weight: float) -> None:
-        self.smooth[: self.n], self._carry = ema(self.y[: self.n], weight)
-
-    @property
-    def steps(self) -> np.ndarray:
-        return self.x[: self.n]
 
 
 class LossPlot(QWidget):
@@ -101,6 +34,8 @@ class LossPlot(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.series = GrowingSeries()
+        self._resmoother = Resmoother(self)
+        self._resmoother.done.connect(self._schedule)
         self.redraws = 0  # counted for the responsiveness probe
         self._vocab_size = 0
 
@@ -108,8 +43,6 @@ class LossPlot(QWidget):
         item = self.plot.getPlotItem()
         item.setLabel("bottom", "step")
         item.setLabel("left", "loss")
-        # room above the view box, or the top y tick label is drawn half outside the widget
-        item.layout.setContentsMargins(2, 10, 12, 2)
         # no grid: pyqtgraph replays the axes' grid lines on every paint, half its cost
         self.legend = item.addLegend(offset=(-10, 10))
         # one downsampled bin per pixel column (peak keeps each bin's min and max):
@@ -165,11 +98,11 @@ class LossPlot(QWidget):
         return self.smoothing_slider.value() / 1000
 
     def append(self, losses: np.ndarray, first_step: int) -> None:
-        self.series.extend(losses, first_step, self.smoothing)
+        self.series.extend(losses, first_step)
         self._schedule()
 
     def clear(self) -> None:
-        self.series = GrowingSeries()
+        self.series = GrowingSeries(self.smoothing)
         view = self.plot.getPlotItem().vb
         view.setRange(xRange=(0, 1), yRange=(0, 1), padding=0, disableAutoRange=False)  # as at start
         view.enableAutoRange(x=True, y=True)
@@ -192,9 +125,12 @@ class LossPlot(QWidget):
         return (float(s.y[s.n - 1]), float(s.smooth[s.n - 1])) if s.n else None
 
     def data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Copies of (steps, losses, smoothed losses) as displayed."""
+        """Copies of (steps, losses, smoothed losses) at the slider's weight (applied
+        here if the background one has not come yet: an export is worth the wait)."""
         s = self.series
-        return s.steps.copy(), s.y[: s.n].copy(), s.smooth[: s.n].copy()
+        if s.weight != self.smoothing:
+            s.set_weight(self.smoothing)
+        return s.steps.copy(), s.losses.copy(), s.smoothed.copy()
 
     # drawing ----------------------------------------------------------------
     def _schedule(self) -> None:
@@ -216,9 +152,8 @@ class LossPlot(QWidget):
     def redraw(self) -> None:
         started = time.thread_time()  # CPU time: waiting for the GIL or a core is not cost
         s = self.series
-        x = s.steps
-        self.raw_curve.setData(x, s.y[: s.n])
-        self.smooth_curve.setData(x, s.smooth[: s.n])
+        self.raw_curve.setData(s.steps, s.losses)
+        self.smooth_curve.setData(s.steps, s.smoothed)
         self.redraws += 1
         # a slow redraw (huge series, slow machine) gets more room before the next one
         spent_ms = 1000 * (time.thread_time() - started)
@@ -228,8 +163,7 @@ class LossPlot(QWidget):
 
     def _on_smoothing(self, value: int) -> None:
         self.smoothing_label.setText(f"{value / 1000:.3f}")
-        self.series.resmooth(self.smoothing)
-        self._schedule()
+        self._resmoother.resmooth([self.series], self.smoothing)  # redrawn when done
         self.smoothingChanged.emit(self.smoothing)
 
     def set_log_y(self, on: bool) -> None:
@@ -258,6 +192,5 @@ class LossPlot(QWidget):
         view = self.plot.getPlotItem().vb
         if not s.n or not view.sceneBoundingRect().contains(pos):
             return
-        step = int(round(view.mapSceneToView(pos).x()))
-        step = min(max(step, 0), s.n - 1)
-        self.readout.setText(f"step {step}: loss {s.y[step]:.4f}, smoothed {s.smooth[step]:.4f}")
+        i = min(max(int(round(view.mapSceneToView(pos).x())) - 1, 0), s.n - 1)  # steps count from 1
+        self.readout.setText(f"step {i + 1:,}: loss {s.y[i]:.4f}, smoothed {s.smooth[i]:.4f}")

@@ -20,6 +20,7 @@ import engine
 from . import worker as w
 from .background import BackgroundCall
 from .config_panel import ConfigPanel
+from .controls import ElidingStatusBar
 from .dialogs import DefaultDatasetDownload, show_message_box
 from .explore import ExploreTabs
 from .file_actions import FileActions
@@ -75,6 +76,7 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         self._download: DefaultDatasetDownload | None = None
         self._dataset_read: BackgroundCall | None = None  # the latest Open dataset, until it reports
 
+        self.setStatusBar(ElidingStatusBar())  # before anything shows a message
         self._build_ui()
         self._init_run_control()
         self._build_menus()
@@ -143,8 +145,11 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         self.messages.append((kind, title, text))
         lines = [line for line in plain_text(status or text).splitlines() if line.strip()]
         self.statusBar().showMessage(lines[0] if lines else "", STATUS_MS)
-        if self.message_hook is not None:
-            self.message_hook(self, kind, title, text, details)
+        shown = self.statusBar().currentMessage()
+        box = self.message_hook(self, kind, title, text, details) if self.message_hook is not None else None
+        if hasattr(box, "finished"):  # the box read and closed: its line leaves the status bar too
+            box.finished.connect(lambda *_: self.statusBar().currentMessage() == shown
+                                 and self.statusBar().clearMessage())
         self.messageShown.emit(kind, text)
 
     # dataset ----------------------------------------------------------------

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
-from .loss_plot import GrowingSeries
+from .loss_series import GrowingSeries, Resmoother
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
@@ -30,6 +30,14 @@ PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121,
 COLUMNS = ["Run", "Preset", "Backend", "LR", "Steps", "Smoothed loss", "ms/step", "Status"]
 STEP, SECONDS = "step", "seconds"
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
+TABLE_ROWS = 6  # runs in view before the table scrolls
+TIME_AXIS = "training time"
+
+
+def table_height(table: QTableWidget, rows: int) -> int:
+    """The height that shows the header and `rows` rows."""
+    return (table.horizontalHeader().sizeHint().height() + rows * table.verticalHeader().defaultSectionSize()
+            + 2 * table.frameWidth())
 
 
 class RunListPanel(QWidget):
@@ -41,6 +49,8 @@ class RunListPanel(QWidget):
         self.smoothing = smoothing
         self._colors: dict[int, tuple[int, int, int]] = {}
         self._series: dict[int, GrowingSeries] = {}  # each record's steps and EMA so far
+        self._resmoother = Resmoother(self)  # a new weight, off the GUI thread for long runs
+        self._resmoother.done.connect(self._redraw_all)
         self._dirty: set[int] = set()
         self._next_color = 0
 
@@ -53,10 +63,10 @@ class RunListPanel(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
         header.setStretchLastSection(True)
-        self.table.setMinimumHeight(110)
+        self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
         self.x_axis_combo.addItem("step", STEP)
-        self.x_axis_combo.addItem("wall-clock seconds", SECONDS)
+        self.x_axis_combo.addItem(TIME_AXIS, SECONDS)  # the axis's own words (it adds the unit)
         self.x_axis_combo.setToolTip("Compare runs by step, or by training time (pauses left out)")
         self.plot = plot_widget("runOverlayPlot", "Smoothed loss of each ticked run")
         item = self.plot.getPlotItem()
@@ -128,9 +138,7 @@ class RunListPanel(QWidget):
     def set_smoothing(self, weight: float) -> None:
         """The loss plot's smoothing weight (0 to 0.999)."""
         self.smoothing = float(weight)
-        for series in self._series.values():
-            series.resmooth(self.smoothing)
-        self._redraw_all()
+        self._resmoother.resmooth(list(self._series.values()), self.smoothing)  # then _redraw_all
 
     @property
     def x_axis(self) -> str:
@@ -142,12 +150,14 @@ class RunListPanel(QWidget):
     def _series_of(self, record: RunRecord) -> GrowingSeries:
         """The record's steps and smoothed losses (the EMA of the loss plot), extended
         by the steps it gained since the last call (rebuilt if it was rewound)."""
-        series = self._series.setdefault(id(record), GrowingSeries())
+        series = self._series.get(id(record))
+        if series is None:
+            series = self._series[id(record)] = GrowingSeries(self.smoothing)
         n = record.steps
         if series.n > n:
-            series.truncate(n, self.smoothing)
+            series.truncate(n)
         if series.n < n:
-            series.extend(record.losses[series.n:n], series.n, self.smoothing)
+            series.extend(record.losses[series.n:n], series.n)
         return series
 
     def smoothed(self, record: RunRecord) -> np.ndarray:
@@ -241,7 +251,7 @@ class RunListPanel(QWidget):
         if self.x_axis == STEP:
             self.plot.getPlotItem().setLabel("bottom", "step", units=None)
         else:  # pyqtgraph picks ms, s or ks from the range
-            self.plot.getPlotItem().setLabel("bottom", "training time", units="s")
+            self.plot.getPlotItem().setLabel("bottom", TIME_AXIS, units="s")
 
     def _show_info(self) -> None:
         untimed = [r.name for r in self.checked_runs() if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]

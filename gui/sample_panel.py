@@ -89,7 +89,7 @@ class SamplePanel(QGroupBox):
     def show_samples(self, names: list[str], step: int) -> None:
         self.samples_list.clear()
         self.samples_list.addItems(names)
-        self.info.setText(f"{len(names)} names from the parameters after step {step}")
+        self.info.setText(f"{len(names)} names from the parameters after step {step:,}")
 
     def names(self) -> list[str]:
         return [self.samples_list.item(i).text() for i in range(self.samples_list.count())]

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLay
 import engine
 from engine import bench, scaling
 from engine.bench import BenchResult
+from engine.bench_report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
 from .background import BackgroundCall
@@ -30,6 +32,8 @@ from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
 TABLE_COLUMNS = ["Backend", "Preset", "Params", "ms/step", "steps/s", "Status"]
+STATUS_COLUMN = TABLE_COLUMNS.index("Status")
+BUSY_BRUSH = (190, 110, 0)  # a busy row's status, in amber
 
 
 def log_ticks(lo: float, hi: float) -> list[list[tuple[float, str]]]:
@@ -41,6 +45,14 @@ def log_ticks(lo: float, hi: float) -> list[list[tuple[float, str]]]:
             value, labelled = m * 10.0**power, m in (1, 2, 5)
             (major if labelled else minor).append((float(np.log10(value)), _short(value) if labelled else ""))
     return [major, minor]
+
+
+def figure(value: float) -> str:
+    """A measured figure as a person reads it, three digits or whole numbers, never an
+    exponent: 14970.3 -> '14,970', 28 -> '28.0', 0.1965 -> '0.197'."""
+    if abs(float(f"{value:.3g}")) >= 100:  # 99.97 too: it rounds to 100
+        return f"{value:,.0f}"
+    return f"{value:#.3g}"
 
 
 def _short(value: float) -> str:
@@ -157,8 +169,11 @@ class ScalingStudyDialog(QDialog):
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)  # a long reason is elided; its tooltip has all of it
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        # the status takes the width left and is elided there, never pushed behind a scroll bar
+        header.setSectionResizeMode(STATUS_COLUMN, QHeaderView.Stretch)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
 
         choose = QVBoxLayout()
         choose.addWidget(buddy("&Backends", self.backend_list))
@@ -175,7 +190,7 @@ class ScalingStudyDialog(QDialog):
         results = QSplitter(Qt.Horizontal)
         results.addWidget(self.plot)
         results.addWidget(self.table)
-        results.setSizes([560, 440])
+        results.setSizes([460, 540])
         top = QHBoxLayout()
         top.addWidget(left)
         top.addWidget(results, 1)
@@ -296,8 +311,10 @@ class ScalingStudyDialog(QDialog):
         self.progress.setRange(0, 1)
         self.progress.setValue(0 if cancelled else 1)
         self.progress.setFormat("cancelled" if cancelled else "done")
+        note = busy_note(self.results)  # bench's own warning, for the rows it flags busy
         self.status.setText(f"{'Cancelled' if cancelled else 'Done'}: {measured} configuration(s) measured. "
-                            "Each point is the median ms/step of bench's chunks after warm-up.")
+                            "Each point is the median ms/step of bench's chunks after warm-up."
+                            + (f"\n{note[0].upper()}{note[1:]}" if note else ""))
         self.studyFinished.emit(cancelled)
 
     # results --------------------------------------------------------------------
@@ -307,12 +324,17 @@ class ScalingStudyDialog(QDialog):
         self.table.insertRow(row)
         ok = result.status == "ok"
         values = [result.backend, result.preset, f"{result.params:,}" if result.params else "",
-                  f"{result.ms_per_step:.4g}" if ok else "", f"{result.steps_per_s:.4g}" if ok else "",
-                  "ok" if ok else f"{result.status}: {result.reason}"]
+                  figure(result.ms_per_step) if ok else "", figure(result.steps_per_s) if ok else "",
+                  status_text(result)]  # bench's words: "busy" where bench's table says busy
         for col, text in enumerate(values):
             cell = QTableWidgetItem(text)
             cell.setToolTip(text)
             self.table.setItem(row, col, cell)
+        if is_busy(result):
+            self.table.item(row, STATUS_COLUMN).setForeground(QColor(*BUSY_BRUSH))
+            self.table.item(row, STATUS_COLUMN).setToolTip(
+                "Other work shared the CPU while this was measured (load average above the core count): "
+                "slower and noisier than this machine can do; measure again when it is idle")
         if ok:
             self._draw(result.backend)
 

@@ -46,3 +46,20 @@ def test_loaded_steps_have_no_time_and_a_rewind_truncates():
 def test_preset_name_matches_the_network_only():
     for name, preset in engine.PRESETS.items():
         assert preset_name(preset.model) == name
+
+
+def test_the_loss_csv_has_the_readmes_header_and_leaves_nothing_half_written(tmp_path):
+    from engine.runs import write_loss_csv
+
+    losses = np.random.default_rng(3).random(25)
+    smoothed = np.cumsum(losses) / np.arange(1, 26)
+    path = tmp_path / "loss.csv"
+    assert write_loss_csv(path, np.arange(1, 26), losses, smoothed) == str(path)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "step,loss,smoothed" and lines[1].startswith("1,") and len(lines) == 26
+    table = np.loadtxt(path, delimiter=",", skiprows=1)
+    np.testing.assert_allclose(table, np.column_stack([np.arange(1, 26), losses, smoothed]), atol=1e-6)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(OSError):
+        write_loss_csv(tmp_path / "taken", np.arange(1, 3), losses[:2], smoothed[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.csv", "taken"]

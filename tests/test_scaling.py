@@ -24,15 +24,20 @@ def test_plan_skips_unavailable_backends_per_preset_with_the_reason():
 
 
 def test_csv_has_a_row_per_result(tmp_path):
-    results = [BenchResult("numpy", "tiny", "ok", params=4192, ms_per_step=0.125, steps_per_s=8000.0),
+    results = [BenchResult("numpy", "tiny", "ok", params=4192, ms_per_step=0.125, steps_per_s=8000.0,
+                           load_avg=0.5, cores=2),
+               BenchResult("numpy", "s32", "ok", params=27328, ms_per_step=28.0, steps_per_s=35.7,
+                           load_avg=5.0, cores=2, busy=True),
                BenchResult("gpu", "tiny", "skipped", reason="no GPU here")]
     scaling.write_csv(tmp_path / "s.csv", results)
     rows = list(csv.DictReader(open(tmp_path / "s.csv", encoding="utf-8")))
     assert rows == [
         {"backend": "numpy", "preset": "tiny", "params": "4192", "ms_per_step": "0.125", "steps_per_s": "8000",
-         "status": "ok", "reason": ""},
+         "status": "ok", "reason": "", "load_avg": "0.50", "busy": ""},
+        {"backend": "numpy", "preset": "s32", "params": "27328", "ms_per_step": "28", "steps_per_s": "35.7",
+         "status": "ok", "reason": "", "load_avg": "5.00", "busy": "busy"},  # as bench's table flags it
         {"backend": "gpu", "preset": "tiny", "params": "", "ms_per_step": "", "steps_per_s": "",
-         "status": "skipped", "reason": "no GPU here"}]
+         "status": "skipped", "reason": "no GPU here", "load_avg": "", "busy": ""}]
 
 
 def test_isolated_measure_runs_benchs_subprocess(tmp_path, small_corpus):

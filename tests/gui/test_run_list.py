@@ -52,7 +52,7 @@ def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
     assert len(colors) == 2  # distinct
     for r in (runs[0], runs[2]):
         x, y = panel.curves[id(r)].getOriginalDataset()
-        np.testing.assert_array_equal(x, np.arange(r.steps))
+        np.testing.assert_array_equal(x, np.arange(1, r.steps + 1))
         np.testing.assert_allclose(y, ema(r.losses, 0.95)[0])
 
     panel.set_x_axis("seconds")

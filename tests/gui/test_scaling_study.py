@@ -11,8 +11,9 @@ import pytest
 from PySide6.QtCore import Qt
 
 import engine
+from engine import bench_report
 from engine.bench import BenchResult
-from gui.scaling_study import ScalingStudyDialog
+from gui.scaling_study import STATUS_COLUMN, ScalingStudyDialog
 
 PARAMS = {"tiny": 4192, "s32": 27328, "s64": 155008}
 SPEED = {"numpy": 1.0, "futhark-c": 0.5}
@@ -129,3 +130,43 @@ def test_the_backend_list_shows_which_cannot_run(qtbot, dialog):
     item = d.backend_list.item(1)
     qtbot.waitUntil(lambda: "cannot run here" in item.toolTip(), timeout=5000)
     assert item.toolTip() == "cannot run here: CuPy is not installed"
+
+
+def test_busy_rows_are_flagged_as_bench_flags_them_and_the_table_reads_easily(qtbot, dialog):
+    """numpy s128 at 28 ms/step with the load above the core count: bench's table says
+    busy, so the study says busy too (an idle row says ok); figures have no exponents,
+    and the Status column stays in view."""
+    d = dialog()
+    d.resize(1160, 600)
+    busy = BenchResult("futhark-multicore", "gpt2-small", "ok", params=124_439_808, ms_per_step=28.0,
+                       steps_per_s=35.7, load_avg=5.2, cores=2, busy=True)
+    idle = BenchResult("numpy", "tiny", "ok", params=4192, ms_per_step=0.0668, steps_per_s=14970.3,
+                       load_avg=0.4, cores=2, busy=False)
+    skipped = BenchResult("cupy", "s128", "skipped", reason="CuPy is not installed")
+    for result in (busy, idle, skipped):
+        d.add_result(result)
+    status = [d.table.item(r, STATUS_COLUMN).text() for r in range(3)]
+    assert bench_report.table_row(busy).endswith(" busy") and status[0] == "busy (load 5.2 on 2 cores)"
+    assert not bench_report.table_row(idle).endswith(" busy") and status[1] == "ok"
+    assert status[2] == "skipped: CuPy is not installed"
+    assert [d.table.item(1, c).text() for c in (2, 3, 4)] == ["4,192", "0.0668", "14,970"]
+    assert d.table.item(0, 3).text() == "28.0" and d.table.item(0, 4).text() == "35.7"
+    qtbot.waitUntil(lambda: d.table.viewport().width() > 0)
+    d.table.resizeColumnsToContents()
+    assert not d.table.horizontalScrollBar().isVisible()
+    left = d.table.columnViewportPosition(STATUS_COLUMN)
+    assert left >= 0 and left + 80 <= d.table.viewport().width()  # at least 80 px of it in view
+
+
+def test_a_study_on_a_busy_machine_ends_with_benchs_warning(qtbot, dialog):
+    def busy_measure(backend, preset, seconds, cancel):
+        ms = SPEED[backend] * PARAMS[preset] / 1000
+        return BenchResult(backend, preset, "ok", params=PARAMS[preset], ms_per_step=ms, steps_per_s=1e3 / ms,
+                           load_avg=9.0, cores=2, busy=preset == "s32")
+
+    d = dialog(busy_measure)
+    d.set_checked(["numpy"], ["tiny", "s32"])
+    with qtbot.waitSignal(d.studyFinished, timeout=5000):
+        d.run()
+    assert [d.table.item(r, STATUS_COLUMN).text() for r in range(2)] == ["ok", "busy (load 9.0 on 2 cores)"]
+    assert "the machine was busy during 1 of 2 rows" in d.status.text()

@@ -69,7 +69,7 @@ def test_tiny_run_completes_and_the_curve_holds_every_step(make_window, names_pa
     x, y = curve(window)
     history = window.session.worker.loss_history()
     assert len(history) == 200
-    np.testing.assert_array_equal(x, np.arange(200))
+    np.testing.assert_array_equal(x, np.arange(1, 200 + 1))  # steps from 1
     np.testing.assert_array_equal(y.astype(np.float32), history)
     np.testing.assert_array_equal(history, reference_losses(names_corpus, 200))
     bar = widget(window, QProgressBar, "progressBar")
@@ -136,7 +136,7 @@ def test_pause_resume_continues_from_the_same_step(make_window, names_path, name
     click(qtbot, window, "trainButton")  # Resume
     wait_state(qtbot, window, "done")
     x, y = curve(window)
-    np.testing.assert_array_equal(x, np.arange(300))
+    np.testing.assert_array_equal(x, np.arange(1, 300 + 1))  # steps from 1
     np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 300))
 
 
@@ -257,14 +257,14 @@ def test_checkpoint_save_then_load_resumes_curve_and_step(make_window, names_pat
     wait_state(qtbot, window, "ready")
     qtbot.waitUntil(lambda: window.loss_plot.series.n == saved_step, timeout=TIMEOUT_MS)
     x, y = curve(window)
-    np.testing.assert_array_equal(x, np.arange(saved_step))
+    np.testing.assert_array_equal(x, np.arange(1, saved_step + 1))  # steps from 1
     np.testing.assert_array_equal(y.astype(np.float32), saved_history)
     assert window.status_labels["step"].text() == f"Step {saved_step} / 300"
     assert widget(window, QProgressBar, "progressBar").value() == saved_step
     click(qtbot, window, "trainButton")  # Resume from the checkpoint
     wait_state(qtbot, window, "done")
     x, y = curve(window)
-    np.testing.assert_array_equal(x, np.arange(300))
+    np.testing.assert_array_equal(x, np.arange(1, 300 + 1))  # steps from 1
     np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 300))
 
 
@@ -295,12 +295,14 @@ def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path
     path = tmp_path / "loss.csv"
     with qtbot.waitSignal(window.exported, timeout=TIMEOUT_MS):
         window.export_csv(str(path))
+    assert path.read_text().splitlines()[0] == "step,loss,smoothed"  # as README says
     table = np.loadtxt(path, delimiter=",", skiprows=1)
-    np.testing.assert_array_equal(table[:, 0], np.arange(40))
+    np.testing.assert_array_equal(table[:, 0], np.arange(1, 41))  # steps count from 1, as the window's
     np.testing.assert_allclose(table[:, 1], window.session.worker.loss_history(), atol=1e-6)
     png = tmp_path / "plot.png"
     window.export_png(str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert window.statusBar().currentMessage() == f"Plot exported to {png}"  # a PNG export confirms too
 
 
 def test_offline_default_dataset_offers_open_dataset(make_window, qtbot, monkeypatch):
@@ -347,7 +349,7 @@ def test_menus_about_and_hover_readout(make_window, names_path, qtbot):
     view.setRange(xRange=(0, 29), yRange=(1, 4), padding=0)
     losses = window.session.worker.loss_history()
     plot.plot.scene().sigMouseMoved.emit(view.mapViewToScene(QPointF(12.2, 2.0)))
-    assert plot.readout.text().startswith(f"step 12: loss {losses[12]:.4f}")
+    assert plot.readout.text().startswith(f"step 12: loss {losses[11]:.4f}")  # steps count from 1
 
 
 def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
@@ -389,7 +391,7 @@ def test_divergence_keeps_the_good_steps_and_reports(make_window, names_path, na
     kind, _, text = window.messages[-1]
     assert kind == "error" and f"diverged at step {bad_step + 1}" in text
     x, y = curve(window)
-    np.testing.assert_array_equal(x, np.arange(bad_step))
+    np.testing.assert_array_equal(x, np.arange(1, bad_step + 1))  # steps from 1
     np.testing.assert_array_equal(y.astype(np.float32), reference_losses(names_corpus, 50)[:bad_step])
     assert window.session.worker.step == bad_step
     assert widget(window, QPushButton, "trainButton").isEnabled()
