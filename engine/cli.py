@@ -24,7 +24,7 @@ from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
-from .sampling import check_prefix_length
+from .sampling import check_prefix_length, check_sample_args
 from .health import loss_warning
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
@@ -138,7 +138,7 @@ def window_parser() -> OneLineParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
-                        "(default: the last one used, else makemore's names.txt, downloaded once)")
+                        "(default: the last one used, else makemore's names.txt, shipped with microgpt-gui)")
     parser.add_argument("--preset", type=preset_name, help=f"model preset to select at start ({', '.join(PRESETS)})")
     parser.add_argument("--backend", help="backend to select at start (default: the last one used)")
     parser.add_argument("--autorun-steps", type=positive_int, metavar="N",
@@ -263,27 +263,21 @@ def fail(exc: BaseException, status: int) -> int:
     return status
 
 
-def download_progress():
-    """A progress callback for the default dataset's first download (on stderr)."""
-    shown = set()
-
-    def progress(done: int, total: int) -> None:
-        if not shown:
-            print("downloading the default dataset (makemore's names.txt; once, then cached)",
-                  file=sys.stderr)
-        mark = 100 * done // total // 25 * 25 if total else done >> 20  # quarters, or MiB
-        if mark not in shown:
-            shown.add(mark)
-            print(f"  {done / 1024:.0f} KiB" + (f" ({mark}%)" if total else ""), file=sys.stderr)
-
-    return progress
-
-
-def load_data(path: Path | None):
-    return load_corpus(path, download_progress())
-
-
 # demo ----------------------------------------------------------------------
+
+# The engine's names for what a flag sets: its messages are shown with the flag typed.
+DEMO_FLAGS = {"num_steps": "--steps", "num_samples": "--samples", "learning_rate": "--lr",
+              "init_std": "--init-std", "seed": "--seed", "temperature": "--temperature"}
+BENCH_FLAGS = {"num_samples": "--sample-names"}
+
+
+def with_flags(exc: ValueError, flags: dict[str, str]) -> ValueError:
+    """exc's message with the engine's field names replaced by the flags that set them."""
+    message = str(exc)
+    for name, flag in flags.items():
+        message = re.sub(rf"(?<![\w.-]){name}\b", flag, message)
+    return ValueError(message)
+
 
 def check_prefix(prefix: str, corpus, block_size: int) -> None:
     """The checks Backend.sample makes, before training instead of after it."""
@@ -294,20 +288,33 @@ def check_prefix(prefix: str, corpus, block_size: int) -> None:
     check_prefix_length(prefix, block_size, "--prefix")
 
 
+def demo_configs(args):
+    """The preset's model and training configs with the flags applied; every value is
+    checked here, before the dataset is read or anything trains."""
+    try:
+        preset = get_preset(args.preset).with_steps(args.steps)
+        overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
+                                       ("seed", args.seed)) if v is not None}
+        train = replace(preset.train, **overrides)
+        check_sample_args(args.samples, args.temperature, train.seed)
+    except ValueError as exc:
+        raise with_flags(exc, DEMO_FLAGS) from None
+    return preset.model, train
+
+
 def run_demo(args) -> int:
     check_backend(args.backend)  # before the dataset: a wrong name fails at once
-    preset = get_preset(args.preset).with_steps(args.steps)
-    overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
-                                   ("seed", args.seed)) if v is not None}
-    train = replace(preset.train, **overrides)
-    corpus = load_data(args.data)
-    model = preset.model
+    model, train = demo_configs(args)
+    corpus = load_corpus(args.data)
     check_prefix(args.prefix, corpus, model.block_size)
     print(f"num docs: {len(corpus)}")
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
         print(f"truncated: {note}")
-    backend = open_backend(args.backend, model, train, corpus)
+    try:
+        backend = open_backend(args.backend, model, train, corpus)
+    except ValueError as exc:  # the initial weights (--init-std)
+        raise with_flags(exc, DEMO_FLAGS) from None
     try:
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
@@ -343,6 +350,11 @@ def run_demo(args) -> int:
 # bench ---------------------------------------------------------------------
 
 def run_benchmark(args, argv: list[str]) -> int:
+    if args.sample_names:
+        try:
+            check_sample_args(args.sample_names, 0.5, 0)
+        except ValueError as exc:
+            raise with_flags(exc, BENCH_FLAGS) from None
     backends = args.backends or bench.default_backends()
     status = bench.availability(backends)  # unknown names fail before anything slow
     if all(not available for available, _ in status.values()):
@@ -351,7 +363,7 @@ def run_benchmark(args, argv: list[str]) -> int:
         return EXIT_ERROR
     corpus_path = args.data
     if corpus_path is None:
-        corpus_path = default_dataset_path(download_progress())
+        corpus_path = default_dataset_path()
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
     info = bench_report.machine_info(with_torch=bench.TORCH in backends)
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "

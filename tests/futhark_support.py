@@ -84,10 +84,8 @@ def edit_kernel(kernel_dir: Path) -> None:
 
 
 def real_futhark() -> str | None:
-    """A real Futhark compiler: FUTHARK, `futhark` on PATH, or the development
-    copy in shared/tools/bin beside the repository (or a folder above it)."""
+    """A real Futhark compiler: FUTHARK, or `futhark` on PATH (nothing beside the repository)."""
     candidates = [os.environ.get("FUTHARK"), shutil.which("futhark")]
-    candidates += [str(folder / "shared" / "tools" / "bin" / "futhark") for folder in REPO_ROOT.parents]
     for path in candidates:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
@@ -106,8 +104,7 @@ CLANG = cc.CCompiler("/usr/bin/clang", "/usr/bin/clang", "clang", CLANG_VERSION)
 
 REAL_FUTHARK = real_futhark()
 requires_real_futhark = pytest.mark.skipif(
-    REAL_FUTHARK is None, reason="needs a Futhark compiler (FUTHARK, futhark on PATH, or "
-                                 "../shared/tools/bin/futhark beside the repository)")
+    REAL_FUTHARK is None, reason="needs a Futhark compiler (set FUTHARK, or put futhark on PATH)")
 
 
 @pytest.fixture
