@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
+from .futhark import build as futhark_build
 from .sampling import check_prefix_length, check_sample_args
 from .health import loss_warning
 
@@ -255,6 +257,17 @@ def run_cli(argv: list[str]) -> int:
         return 130
 
 
+@contextmanager
+def builds_announced():
+    """Print a line when a Futhark library starts building (tens of seconds on
+    first use, silent otherwise) and its time when done."""
+    remove = futhark_build.add_build_listener(lambda event: print(event.message(), flush=True))
+    try:
+        yield
+    finally:
+        remove()
+
+
 def fail(exc: BaseException, status: int) -> int:
     message = str(exc) or type(exc).__name__
     if isinstance(exc, MemoryError):
@@ -312,7 +325,8 @@ def run_demo(args) -> int:
     if note := corpus.truncation_note(model.block_size):
         print(f"truncated: {note}")
     try:
-        backend = open_backend(args.backend, model, train, corpus)
+        with builds_announced():
+            backend = open_backend(args.backend, model, train, corpus)
     except ValueError as exc:  # the initial weights (--init-std)
         raise with_flags(exc, DEMO_FLAGS) from None
     try:
@@ -349,6 +363,19 @@ def run_demo(args) -> int:
 
 # bench ---------------------------------------------------------------------
 
+def build_futhark_first(backends: list[str]) -> None:
+    """Build the Futhark libraries here, announced, before the rows' processes need them
+    (a row's start-up is not timed, but it would be silent for tens of seconds)."""
+    for name in backends:
+        target = name.removeprefix("futhark-")
+        if name.startswith("futhark-") and target in futhark_build.TARGETS:
+            try:
+                with builds_announced():
+                    futhark_build.build(target)
+            except BackendError:
+                pass  # its row says why
+
+
 def run_benchmark(args, argv: list[str]) -> int:
     if args.sample_names:
         try:
@@ -365,6 +392,7 @@ def run_benchmark(args, argv: list[str]) -> int:
     if corpus_path is None:
         corpus_path = default_dataset_path()
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
+    build_futhark_first([name for name, (available, _) in status.items() if available])
     info = bench_report.machine_info(with_torch=bench.TORCH in backends)
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import socket
 import subprocess
@@ -223,6 +224,29 @@ def test_an_overflowing_init_std_is_one_line_in_a_real_process(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: --init-std must be small enough for float32 weights, "
                                           "got 1e+38 (it drew weights beyond 3.4e+38)"]
+
+
+@pytest.mark.futhark
+@pytest.mark.slow
+def test_demo_announces_a_first_futhark_build_and_its_time(tmp_path):
+    """A new user's first futhark-c demo sat silent for 34 s while it compiled."""
+    from engine.futhark import cc
+
+    compiler = cc.find_c_compiler({"PATH": os.environ.get("PATH", "")})  # run_main passes PATH, no CC
+    if compiler is None:
+        pytest.skip(cc.NO_C_COMPILER)
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    args = ["demo", "--backend", "futhark-c", "--steps", "2", "--samples", "1", "--data", str(data)]
+    first = run_main(args, tmp_path, timeout=600)  # a fresh HOME: an empty build cache
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    lines = first.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("building "))
+    assert lines[at - 1].startswith("vocab size: ")
+    assert re.fullmatch(rf"building futhark-c from the shipped C with {compiler.name} "
+                        r"\(first use, about 20-40 s\)\.\.\.", lines[at])
+    assert re.fullmatch(r"built futhark-c in \d+ s", lines[at + 1]) and lines[at + 2].startswith("model: ")
+    again = run_main(args, tmp_path, timeout=600)
+    assert again.returncode == 0 and "building" not in again.stdout and "built" not in again.stdout
 
 
 def test_a_bad_bench_value_is_refused_before_measuring(capsys):
