@@ -11,6 +11,7 @@ by inverse CDF in float32, as the kernel's `draw` does.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -152,6 +153,23 @@ def futhark_cpu_builds(tmp_path_factory) -> dict:
             assert plan.origin.kind == "shipped", plan.origin
             builds[target] = fbuild.build(target)
     return builds
+
+
+def build_compiler(libdir: Path) -> cc.CCompiler:
+    """The C compiler a build was made with (its cache key's cc=), described again."""
+    key = json.loads((libdir / "build.json").read_text())["key"]
+    path = next(part for part in key if part.startswith("cc=")).partition("=")[2]
+    return cc.find_c_compiler({"PATH": os.environ.get("PATH", ""), "CC": path})
+
+
+@pytest.fixture
+def session_compiler(futhark_cpu_builds, monkeypatch) -> cc.CCompiler:
+    """The C compiler of the session's builds, kept for this test: a compiler installed
+    since (clang beside gcc) would otherwise be found first, and plan another library."""
+    compiler = build_compiler(futhark_cpu_builds["c"])
+    if "CC" not in os.environ:  # the user's CC is what the builds used already
+        monkeypatch.setenv("CC", compiler.path)
+    return compiler
 
 
 # futhark-multicore on a test-sized model runs futhark-c's sequential build (one

@@ -246,9 +246,9 @@ def test_an_unwritable_cache_is_a_backend_error(with_clang, clean_env, monkeypat
 # -- real builds -----------------------------------------------------------------
 
 @pytest.mark.futhark
-def test_builds_come_from_the_shipped_code_with_the_chosen_flags(futhark_cpu_builds):
+def test_builds_come_from_the_shipped_code_with_the_chosen_flags(futhark_cpu_builds, session_compiler):
     version = gen.read_manifest()["futhark"]
-    compiler = cc.find_c_compiler()
+    compiler = session_compiler
     for target, libdir in futhark_cpu_builds.items():
         record = json.loads((libdir / "build.json").read_text())
         assert (record["origin"], record["futhark"], record["c_compiler"]) == ("shipped", version, compiler.name)
