@@ -249,6 +249,34 @@ def test_demo_announces_a_first_futhark_build_and_its_time(tmp_path):
     assert again.returncode == 0 and "building" not in again.stdout and "built" not in again.stdout
 
 
+def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys):
+    """The rows' processes would each build silently: the parent builds, announced."""
+    from engine import cli
+    from engine.futhark import build as fb
+
+    built = []
+
+    def announced_build(target):
+        start = fb.BuildEvent("start", f"futhark-{target}", "shipped", "gcc 12.2.0", "0.25.34", "about 20-40 s")
+        fb._announce(start)
+        if target == "multicore":
+            fb._announce(replace(start, phase="failed", seconds=1.2))
+            raise engine.BackendError("the C compiler could not build it")  # its row will say so
+        built.append(target)
+        fb._announce(replace(start, phase="done", seconds=21.6))
+
+    monkeypatch.setattr(fb, "build", announced_build)
+    cli.build_futhark_first(["numpy", "futhark-c", "futhark-multicore", "torch"])
+    assert built == ["c"]
+    assert capsys.readouterr().out.splitlines() == [
+        "building futhark-c from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
+        "built futhark-c in 22 s",
+        "building futhark-multicore from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
+        "could not build futhark-multicore in 1 s"]
+    fb.build("c")  # the listener is gone once the builds are done
+    assert capsys.readouterr().out == ""
+
+
 def test_a_bad_bench_value_is_refused_before_measuring(capsys):
     code, out, err = run(["bench", "--backends", "numpy", "--sample-names", "10001"], capsys)
     assert (code, out) == (2, "")
