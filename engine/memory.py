@@ -32,9 +32,28 @@ def available_memory_bytes() -> int | None:
     """Memory this process can still allocate: the least of the machine's available
     memory, its cgroup's headroom (a container's limit) and its address-space
     limit (RLIMIT_AS); None if none is known."""
-    known = [n for n in (machine_available_bytes(), cgroup_headroom_bytes(), address_space_headroom_bytes())
-             if n is not None]
-    return min(known) if known else None
+    bound = tightest_bound()
+    return bound[1] if bound else None
+
+
+# what bounds the memory this process can allocate, and how a message names it (the
+# functions are looked up by name when called, so a test can replace one)
+_BOUNDS = (("", "machine_available_bytes"),
+           (" (under this process's cgroup memory limit)", "cgroup_headroom_bytes"),
+           (" (under this process's address-space limit, ulimit -v)", "address_space_headroom_bytes"))
+
+
+def tightest_bound() -> tuple[str, int] | None:
+    """(note for a message, bytes) of the least of the bounds; None if none is known."""
+    known = [(note, n) for note, name in _BOUNDS if (n := globals()[name]()) is not None]
+    return min(known, key=lambda bound: bound[1]) if known else None
+
+
+def limit_note() -> str:
+    """" (under this process's cgroup memory limit)" where a process limit, not the
+    machine's free memory, is what a size was refused against; else ""."""
+    bound = tightest_bound()
+    return bound[0] if bound else ""
 
 
 def machine_available_bytes() -> int | None:

@@ -222,8 +222,12 @@ def test_the_available_memory_is_the_least_of_machine_cgroup_and_address_space(m
     monkeypatch.setattr(memory, "cgroup_headroom_bytes", lambda: 3 * GIB)
     monkeypatch.setattr(memory, "address_space_headroom_bytes", lambda: None)
     assert memory.available_memory_bytes() == 3 * GIB
+    assert memory.limit_note() == " (under this process's cgroup memory limit)"
     monkeypatch.setattr(memory, "address_space_headroom_bytes", lambda: GIB)
     assert memory.available_memory_bytes() == GIB
+    assert memory.limit_note() == " (under this process's address-space limit, ulimit -v)"
+    monkeypatch.setattr(memory, "machine_available_bytes", lambda: GIB // 2)
+    assert memory.limit_note() == ""  # the machine itself is the tightest: no process limit to name
     for name in ("machine_available_bytes", "cgroup_headroom_bytes", "address_space_headroom_bytes"):
         monkeypatch.setattr(memory, name, lambda: None)
     assert memory.available_memory_bytes() is None
@@ -255,4 +259,5 @@ def test_an_address_space_limit_is_a_backend_error_not_a_memory_error(tmp_path):
     result = subprocess.run([sys.executable, "-c", RLIMIT_CHILD, str(root)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert "the numpy backend needs about" in result.stdout and "GiB is available" in result.stdout
+    assert "the numpy backend needs about" in result.stdout
+    assert "GiB is available (under this process's address-space limit, ulimit -v)." in result.stdout

@@ -16,7 +16,7 @@ from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..errors import BackendError, TrainingDiverged
-from ..memory import available_memory_bytes, format_bytes, format_count, grown
+from ..memory import available_memory_bytes, format_bytes, format_count, grown, limit_note
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
 from ..sampling import check_prefix_length, check_sample_args, memory_bytes as sampling_memory_bytes
@@ -108,7 +108,7 @@ class Backend(ABC):
             f"the model has {format_count(self.num_params)} parameters (n_embd {m.n_embd:,}, "
             f"{m.n_layer:,} layers, block_size {m.block_size:,}, vocabulary {vocab:,}): the "
             f"{self.name} backend needs about {format_bytes(need)} of memory ({parts}), but "
-            f"{format_bytes(free)} is available.{why} Choose a smaller model (n_embd, n_layer, "
+            f"{format_bytes(free)} is available{limit_note()}.{why} Choose a smaller model (n_embd, n_layer, "
             "block_size) or close other programs.")
 
     def _check_fits(self, what: str, nbytes: int, advice: str) -> None:
