@@ -31,7 +31,7 @@ from .config import ModelConfig, TrainConfig, limits_problem
 from .data import MAX_DATASET_BYTES, MAX_VOCAB_CHARS, Corpus
 from .errors import CheckpointError, DatasetError
 from .files import NotARegularFile, open_regular_file
-from .memory import available_memory_bytes, format_bytes
+from .memory import available_memory_bytes, format_bytes, limit_note
 
 try:
     import fcntl
@@ -247,7 +247,7 @@ def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
     if free is not None and need > free:
         raise CheckpointError(
             f"{path}: its {n:,} parameters, Adam moments and {step:,} losses need "
-            f"{format_bytes(need)} of memory to read, but {format_bytes(free)} is available")
+            f"{format_bytes(need)} of memory to read, but {format_bytes(free)} is available{limit_note()}")
     arrays = {}
     for key in _PARAM_ARRAYS:
         arrays[key] = _read_float32(z, members[key], path, key, n, (

@@ -115,7 +115,7 @@ class Backend(ABC):
         free = available_memory_bytes()
         if free is not None and nbytes > free:
             raise BackendError(f"{what} needs {format_bytes(nbytes)} of memory, but "
-                               f"{format_bytes(free)} is available; {advice}")
+                               f"{format_bytes(free)} is available{limit_note()}; {advice}")
 
     def _record_losses(self, losses: np.ndarray) -> None:
         """Append the losses of steps just trained and advance the step; the history
