@@ -44,3 +44,28 @@ def test_a_copy_with_nothing_beside_it_runs_the_data_tests_with_no_skips(tmp_pat
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.fullmatch(r"=* ?\d+ passed in [\d.]+s( \(.*\))? ?=*", summary), summary
     assert "skipped" not in result.stdout and "names.txt not found" not in result.stdout
+
+
+@pytest.mark.slow
+def test_the_sdist_ships_names_txt_and_its_licence(tmp_path):
+    """setuptools' own build (offline, no isolation) puts the dataset in the sdist;
+    the wheel takes the same package data (pyproject's [tool.setuptools.package-data])."""
+    import hashlib
+    import tarfile
+
+    copy = tmp_path / "microgpt-gui"
+    shutil.copytree(REPO_ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build",
+                                                                      "dist", ".venv", ".pytest_cache"))
+    build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                            "print(b.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],
+                           cwd=copy, env=alone(tmp_path), capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    name = build.stdout.strip().splitlines()[-1]
+    with tarfile.open(tmp_path / "dist" / name) as sdist:
+        members = {Path(m).relative_to(Path(m).parts[0]).as_posix(): m for m in sdist.getnames()}
+        names = sdist.extractfile(members["engine/datasets/names.txt"]).read()
+        licence = sdist.extractfile(members["engine/datasets/LICENSE-makemore.txt"]).read().decode()
+    assert hashlib.sha256(names).hexdigest() == "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
+    assert "MIT License" in licence
+    sources = (copy / "microgpt_gui.egg-info" / "SOURCES.txt").read_text().split()
+    assert {"engine/datasets/names.txt", "engine/datasets/LICENSE-makemore.txt"} <= set(sources)
