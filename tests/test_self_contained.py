@@ -20,7 +20,7 @@ DATA_TESTS = ["tests/test_data.py", "tests/test_cli.py::test_demo_trains_and_sam
               "tests/test_cli.py::test_demo_and_bench_use_the_packaged_names_with_no_network"]
 
 
-def alone(folder: Path) -> dict[str, str]:
+def alone() -> dict[str, str]:
     """The environment of a new user: no dataset named, nothing to import from elsewhere
     (HOME stays: the packages may be installed in the user's site folder)."""
     return {k: v for k, v in os.environ.items() if k not in ("MICROGPT_NAMES", "PYTHONPATH")}
@@ -31,7 +31,7 @@ def test_a_copy_with_nothing_beside_it_runs_the_data_tests_with_no_skips(tmp_pat
     copy = tmp_path / "clone" / "microgpt-gui"
     shutil.copytree(REPO_ROOT, copy, ignore=LEFT_OUT)
     assert not any((folder / "shared").exists() for folder in copy.parents)
-    env = alone(tmp_path)
+    env = alone()
     where = subprocess.run([sys.executable, "-c", "import engine, engine.data as d; "
                             "print(engine.__file__); print(d.DEFAULT_DATASET_PATH)"],
                            cwd=copy, env=env, capture_output=True, text=True, timeout=120)
@@ -57,7 +57,7 @@ def test_the_sdist_ships_names_txt_and_its_licence(tmp_path):
                                                                       "dist", ".venv", ".pytest_cache"))
     build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
                             "print(b.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],
-                           cwd=copy, env=alone(tmp_path), capture_output=True, text=True, timeout=300)
+                           cwd=copy, env=alone(), capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     name = build.stdout.strip().splitlines()[-1]
     with tarfile.open(tmp_path / "dist" / name) as sdist:
