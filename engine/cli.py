@@ -16,7 +16,6 @@ import re
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from .backends import BackendError, TrainingDiverged, open_backend, probe_backen
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
 from .futhark import build as futhark_build
+from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
 from .sampling import check_prefix_length, check_sample_args
 from .health import loss_warning
 
@@ -278,20 +278,6 @@ def fail(exc: BaseException, status: int) -> int:
 
 # demo ----------------------------------------------------------------------
 
-# The engine's names for what a flag sets: its messages are shown with the flag typed.
-DEMO_FLAGS = {"num_steps": "--steps", "num_samples": "--samples", "learning_rate": "--lr",
-              "init_std": "--init-std", "seed": "--seed", "temperature": "--temperature"}
-BENCH_FLAGS = {"num_samples": "--sample-names"}
-
-
-def with_flags(exc: ValueError, flags: dict[str, str]) -> ValueError:
-    """exc's message with the engine's field names replaced by the flags that set them."""
-    message = str(exc)
-    for name, flag in flags.items():
-        message = re.sub(rf"(?<![\w.-]){name}\b", flag, message)
-    return ValueError(message)
-
-
 def check_prefix(prefix: str, corpus, block_size: int) -> None:
     """The checks Backend.sample makes, before training instead of after it."""
     try:
@@ -299,20 +285,6 @@ def check_prefix(prefix: str, corpus, block_size: int) -> None:
     except ValueError as exc:  # "character 'Z' is not in the vocabulary"
         raise ValueError(f"--prefix {prefix!r}: {exc} of this dataset") from None
     check_prefix_length(prefix, block_size, "--prefix")
-
-
-def demo_configs(args):
-    """The preset's model and training configs with the flags applied; every value is
-    checked here, before the dataset is read or anything trains."""
-    try:
-        preset = get_preset(args.preset).with_steps(args.steps)
-        overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
-                                       ("seed", args.seed)) if v is not None}
-        train = replace(preset.train, **overrides)
-        check_sample_args(args.samples, args.temperature, train.seed)
-    except ValueError as exc:
-        raise with_flags(exc, DEMO_FLAGS) from None
-    return preset.model, train
 
 
 def run_demo(args) -> int:
@@ -377,6 +349,8 @@ def build_futhark_first(backends: list[str]) -> None:
 
 
 def run_benchmark(args, argv: list[str]) -> int:
+    if args.json:
+        check_output_file(args.json, "--json")
     if args.sample_names:
         try:
             check_sample_args(args.sample_names, 0.5, 0)

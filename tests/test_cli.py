@@ -277,10 +277,17 @@ def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys
     assert capsys.readouterr().out == ""
 
 
-def test_a_bad_bench_value_is_refused_before_measuring(capsys):
-    code, out, err = run(["bench", "--backends", "numpy", "--sample-names", "10001"], capsys)
+@pytest.mark.parametrize("args, message", [
+    (["--sample-names", "10001"], "--sample-names must be at most 10,000"),
+    (["--json", "{tmp}/no/such/folder/bench.json"], "--json {tmp}/no/such/folder/bench.json: the folder "
+                                                   "{tmp}/no/such/folder does not exist"),
+    (["--json", "{tmp}"], "--json {tmp} is a folder; name a file in it"),
+])
+def test_a_bad_bench_value_is_refused_before_measuring(args, message, capsys, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    code, out, err = run(["bench", "--backends", "numpy", *args], capsys)
     assert (code, out) == (2, "")
-    assert err.startswith("error: --sample-names must be at most 10,000") and err.count("\n") == 1
+    assert err.startswith(f"error: {message.format(tmp=tmp_path)}") and err.count("\n") == 1
 
 
 def test_demo_reports_divergence_in_one_line(tmp_path, capsys):
