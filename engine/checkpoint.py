@@ -8,9 +8,10 @@ before its data, so nothing is allocated from a size the file merely claims;
 then the values. Every field that is wrong is a CheckpointError naming it.
 
 Writing goes to a temporary file beside the destination, locked while it is
-written, then renamed over it: a save killed midway leaves the previous
-checkpoint intact, and the next save to that folder removes the leftover
-(stale, unlocked files of our own name pattern only).
+written and until it is renamed over it: a save killed midway leaves the
+previous checkpoint intact, and the next save to that folder removes the
+leftover (unlocked files of our own name pattern only: a dead writer holds
+no lock).
 """
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig, TrainConfig
+from .config import ModelConfig, TrainConfig, limits_problem
 from .data import MAX_DATASET_BYTES, MAX_VOCAB_CHARS, Corpus
 from .errors import CheckpointError, DatasetError
 from .files import NotARegularFile, open_regular_file
-from .memory import available_memory_bytes, format_bytes
+from .memory import available_memory_bytes, format_bytes, limit_note
 
 try:
     import fcntl
@@ -44,7 +45,9 @@ NPY_HEADER_BYTES = 4096  # the most a member's .npy header may take
 SCALAR_BYTES = NPY_HEADER_BYTES + 64
 
 TEMP_SUFFIX = ".microgpt-tmp"
-STALE_TEMP_SECONDS = 300  # a temporary file this old and unlocked was left by a killed save
+# Where locks say nothing (Windows; an empty file whose writer may not have locked it
+# yet), a temporary file this old was left by a killed save.
+STALE_TEMP_SECONDS = 300
 _TEMP_NAME = re.compile(r".+\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX))
 _OLD_TEMP_NAME = re.compile(r".+\.npz\.[a-z0-9_]{8}\.tmp")  # mkstemp's, from earlier versions
 
@@ -101,7 +104,10 @@ def save_checkpoint(path, backend) -> Path:
             np.savez(out, **payload)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, path)
+            if fcntl is not None:  # renamed while locked: no other save's cleanup takes it
+                os.replace(tmp, path)
+        if fcntl is None:  # Windows renames only closed files
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -124,8 +130,10 @@ def remove_stale_temp_files(folder, min_age: float = STALE_TEMP_SECONDS) -> list
     """Delete the temporary files killed saves left in folder; return their names.
 
     Only files named as save_checkpoint names them (or as earlier versions did,
-    <name>.npz.<8 characters>.tmp), older than min_age seconds and not locked:
-    a save in progress holds a lock on its file, and a killed process's lock is gone.
+    <name>.npz.<8 characters>.tmp) and not locked: a save in progress holds a lock
+    on its file from before its first byte until it is renamed, and a killed
+    process's lock is gone. Where that cannot tell (no flock; an empty file), only
+    files older than min_age seconds.
     """
     removed = []
     now = time.time()
@@ -137,7 +145,10 @@ def remove_stale_temp_files(folder, min_age: float = STALE_TEMP_SECONDS) -> list
         if not (_TEMP_NAME.fullmatch(entry.name) or _OLD_TEMP_NAME.fullmatch(entry.name)):
             continue
         try:
-            if not entry.is_file(follow_symlinks=False) or now - entry.stat().st_mtime < min_age:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            if (fcntl is None or info.st_size == 0) and now - info.st_mtime < min_age:
                 continue
             if _locked(entry.path):
                 continue
@@ -217,11 +228,16 @@ def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
     try:
         model, train = (config(**{f.name: value(prefix + f.name) for f in fields(config)})
                         for prefix, config in _CONFIGS)
-        corpus = Corpus.from_training_order(value("docs").split("\n"), list(value("chars")))
-    except (ValueError, DatasetError) as exc:
+    except ValueError as exc:
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"{path} holds an invalid configuration: {exc}") from None
+    if problem := limits_problem(model, train):  # what the window's fields cannot show
+        raise CheckpointError(f"{path}: {problem}")
+    try:
+        corpus = Corpus.from_training_order(value("docs").split("\n"), list(value("chars")))
+    except DatasetError as exc:
+        raise CheckpointError(f"{path}: its dataset ('docs') is unusable: {exc}") from None
     step, backend = value("step"), value("backend")
     if not 0 <= step <= train.num_steps:
         raise CheckpointError(f"{path}: step {step} is outside 0..num_steps ({train.num_steps:,})")
@@ -231,7 +247,7 @@ def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
     if free is not None and need > free:
         raise CheckpointError(
             f"{path}: its {n:,} parameters, Adam moments and {step:,} losses need "
-            f"{format_bytes(need)} of memory to read, but {format_bytes(free)} is available")
+            f"{format_bytes(need)} of memory to read, but {format_bytes(free)} is available{limit_note()}")
     arrays = {}
     for key in _PARAM_ARRAYS:
         arrays[key] = _read_float32(z, members[key], path, key, n, (

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import replace
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,9 @@ from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
-from .sampling import check_prefix_length
+from .futhark import build as futhark_build
+from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
+from .sampling import check_prefix_length, check_sample_args
 from .health import loss_warning
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
@@ -138,7 +140,7 @@ def window_parser() -> OneLineParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
-                        "(default: the last one used, else makemore's names.txt, downloaded once)")
+                        "(default: the last one used, else makemore's names.txt, shipped with microgpt-gui)")
     parser.add_argument("--preset", type=preset_name, help=f"model preset to select at start ({', '.join(PRESETS)})")
     parser.add_argument("--backend", help="backend to select at start (default: the last one used)")
     parser.add_argument("--autorun-steps", type=positive_int, metavar="N",
@@ -255,32 +257,23 @@ def run_cli(argv: list[str]) -> int:
         return 130
 
 
+@contextmanager
+def builds_announced():
+    """Print a line when a Futhark library starts building (tens of seconds on
+    first use, silent otherwise) and its time when done."""
+    remove = futhark_build.add_build_listener(lambda event: print(event.message(), flush=True))
+    try:
+        yield
+    finally:
+        remove()
+
+
 def fail(exc: BaseException, status: int) -> int:
     message = str(exc) or type(exc).__name__
     if isinstance(exc, MemoryError):
         message = "out of memory: try a smaller preset"
     print(f"error: {message}", file=sys.stderr)
     return status
-
-
-def download_progress():
-    """A progress callback for the default dataset's first download (on stderr)."""
-    shown = set()
-
-    def progress(done: int, total: int) -> None:
-        if not shown:
-            print("downloading the default dataset (makemore's names.txt; once, then cached)",
-                  file=sys.stderr)
-        mark = 100 * done // total // 25 * 25 if total else done >> 20  # quarters, or MiB
-        if mark not in shown:
-            shown.add(mark)
-            print(f"  {done / 1024:.0f} KiB" + (f" ({mark}%)" if total else ""), file=sys.stderr)
-
-    return progress
-
-
-def load_data(path: Path | None):
-    return load_corpus(path, download_progress())
 
 
 # demo ----------------------------------------------------------------------
@@ -296,18 +289,18 @@ def check_prefix(prefix: str, corpus, block_size: int) -> None:
 
 def run_demo(args) -> int:
     check_backend(args.backend)  # before the dataset: a wrong name fails at once
-    preset = get_preset(args.preset).with_steps(args.steps)
-    overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
-                                   ("seed", args.seed)) if v is not None}
-    train = replace(preset.train, **overrides)
-    corpus = load_data(args.data)
-    model = preset.model
+    model, train = demo_configs(args)
+    corpus = load_corpus(args.data)
     check_prefix(args.prefix, corpus, model.block_size)
     print(f"num docs: {len(corpus)}")
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
         print(f"truncated: {note}")
-    backend = open_backend(args.backend, model, train, corpus)
+    try:
+        with builds_announced():
+            backend = open_backend(args.backend, model, train, corpus)
+    except ValueError as exc:  # the initial weights (--init-std)
+        raise with_flags(exc, DEMO_FLAGS) from None
     try:
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
@@ -342,7 +335,27 @@ def run_demo(args) -> int:
 
 # bench ---------------------------------------------------------------------
 
+def build_futhark_first(backends: list[str]) -> None:
+    """Build the Futhark libraries here, announced, before the rows' processes need them
+    (a row's start-up is not timed, but it would be silent for tens of seconds)."""
+    for name in backends:
+        target = name.removeprefix("futhark-")
+        if name.startswith("futhark-") and target in futhark_build.TARGETS:
+            try:
+                with builds_announced():
+                    futhark_build.build(target)
+            except BackendError:
+                pass  # its row says why
+
+
 def run_benchmark(args, argv: list[str]) -> int:
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.sample_names:
+        try:
+            check_sample_args(args.sample_names, 0.5, 0)
+        except ValueError as exc:
+            raise with_flags(exc, BENCH_FLAGS) from None
     backends = args.backends or bench.default_backends()
     status = bench.availability(backends)  # unknown names fail before anything slow
     if all(not available for available, _ in status.values()):
@@ -351,8 +364,9 @@ def run_benchmark(args, argv: list[str]) -> int:
         return EXIT_ERROR
     corpus_path = args.data
     if corpus_path is None:
-        corpus_path = default_dataset_path(download_progress())
+        corpus_path = default_dataset_path()
     load_corpus(corpus_path)  # a bad file fails here, once, with its own message
+    build_futhark_first([name for name, (available, _) in status.items() if available])
     info = bench_report.machine_info(with_torch=bench.TORCH in backends)
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))

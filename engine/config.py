@@ -91,6 +91,28 @@ class TrainConfig:
         return self.learning_rate * (1 - step / self.num_steps)
 
 
+# What every front end can hold, by checkpoint field name: the window's fields have
+# these ranges (a Qt spin box holds a 32-bit int: 10^12 steps overflowed it), and a
+# checkpoint outside them is refused when it is read (limits_problem).
+FIELD_LIMITS: dict[str, tuple[float, float]] = {
+    "model.n_embd": (1, 4096), "model.n_layer": (1, 96), "model.n_head": (1, 128),
+    "model.block_size": (2, 4096), "train.num_steps": (1, 10_000_000),
+    "train.learning_rate": (1e-6, 1.0), "train.init_std": (1e-4, 1.0), "train.seed": (0, 2**31 - 1),
+}
+
+
+def limits_problem(model: ModelConfig, train: TrainConfig) -> str | None:
+    """The first field outside FIELD_LIMITS, as a sentence; None when all fit."""
+    for key, (low, high) in FIELD_LIMITS.items():
+        section, name = key.split(".")
+        value = getattr(model if section == "model" else train, name)
+        if not low <= value <= high:
+            show = "{:,}" if isinstance(value, int) else "{:g}"
+            return (f"{key} is {show.format(value)}, outside {show.format(low)}..{show.format(high)}, "
+                    "the range microgpt-gui's fields hold")
+    return None
+
+
 @dataclass(frozen=True)
 class Preset:
     model: ModelConfig

@@ -1,5 +1,6 @@
 """The corpus: documents in microgpt's training order, vocabulary, encoding,
-the token arrays every backend trains on, and the default dataset download.
+the token arrays every backend trains on, and the default dataset (makemore's
+names.txt, shipped in engine/datasets/).
 
 This is the one place that shapes the data.
 """
@@ -9,10 +10,8 @@ import codecs
 import hashlib
 import os
 import random
+import re
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -23,7 +22,7 @@ from .errors import DatasetError
 from .files import NotARegularFile, open_regular_file
 from .memory import format_bytes
 
-DEFAULT_DATASET_URL = "https://raw.githubusercontent.com/karpathy/makemore/988aa59/names.txt"
+DEFAULT_DATASET_PATH = Path(__file__).resolve().parent / "datasets" / "names.txt"  # makemore's, MIT
 DEFAULT_DATASET_SHA256 = "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
 SHUFFLE_SEED = 42  # microgpt: random.seed(42); random.shuffle(docs)
 
@@ -108,6 +107,7 @@ class Corpus:
             raise DatasetError(
                 f"{path}: line {line} is not valid UTF-8 (byte {column}); save the file as UTF-8 text"
             ) from None
+        check_text(text, path)
         try:
             return cls.from_lines(text.split("\n"))
         except DatasetError as exc:
@@ -116,6 +116,10 @@ class Corpus:
     @classmethod
     def from_training_order(cls, docs: list[str], chars: list[str]) -> "Corpus":
         """Rebuild a corpus whose documents are already in training order (checkpoints)."""
+        if docs == [""]:
+            raise DatasetError("it holds no documents")
+        if "" in docs:  # from_lines never makes one: each document is a non-empty line
+            raise DatasetError(f"document {docs.index('') + 1:,} of {len(docs):,} is empty")
         corpus = cls(docs, chars, shuffled=True)
         unknown = set("".join(docs)) - set(chars)
         if unknown:
@@ -179,6 +183,20 @@ class Corpus:
         return f"Corpus({len(self.docs)} docs, vocab {self.vocab_size})"
 
 
+# Control characters other than tab and line ends: a text file has none, a binary
+# file (an image, a zip, a file of NUL bytes) has them within its first bytes.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def check_text(text: str, path) -> None:
+    """DatasetError naming the line of the first control character: the file is not text."""
+    found = _CONTROL.search(text)
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise DatasetError(f"{path} is not a text file: line {line:,} holds the control character "
+                           f"U+{ord(found.group()):04X}; choose a text file with one document per line")
+
+
 def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
     """The bytes of a regular file of at most `limit` (MAX_DATASET_BYTES) bytes, else a DatasetError.
 
@@ -230,64 +248,20 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "microgpt-gui"
 
 
-ProgressFn = Callable[[int, int], None]  # (bytes so far, total bytes or 0 if unknown)
-
-
-def download_dataset(
-    url: str,
-    dest: Path,
-    sha256: str,
-    progress: ProgressFn | None = None,
-    timeout: float = 30.0,
-) -> Path:
-    """Download url to dest atomically, rejecting content whose sha256 differs."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=dest.name, suffix=".part", dir=dest.parent)
+def default_dataset_path(path: Path = DEFAULT_DATASET_PATH, sha256: str = DEFAULT_DATASET_SHA256) -> Path:
+    """makemore's names.txt as shipped in the package, checked against its sha256
+    (a damaged installation is a DatasetError, never a different training set)."""
     try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    total = int(response.headers.get("Content-Length") or 0)
-                    done = 0
-                    while chunk := response.read(1 << 16):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                reason = getattr(exc, "reason", None) or exc
-                raise DatasetError(
-                    f"could not download the default dataset from {url} ({reason}). "
-                    "If you are offline, pass your own text file with --data FILE "
-                    "(or File > Open dataset... in the window)."
-                ) from None
-        if digest.hexdigest() != sha256:
-            raise DatasetError(
-                f"the downloaded dataset from {url} is corrupt (sha256 {digest.hexdigest()}, "
-                f"expected {sha256}); it was discarded. Try again, or pass --data FILE."
-            )
-        os.replace(tmp, dest)
-        return dest
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise DatasetError(f"the packaged dataset {path} cannot be read ({exc.strerror or exc}); "
+                           "reinstall microgpt-gui, or choose a text file of your own") from None
+    if digest != sha256:
+        raise DatasetError(f"the packaged dataset {path} has been changed (sha256 {digest}, "
+                           f"expected {sha256}); reinstall microgpt-gui, or choose a text file of your own")
+    return path
 
 
-def default_dataset_path(
-    progress: ProgressFn | None = None,
-    url: str = DEFAULT_DATASET_URL,
-    sha256: str = DEFAULT_DATASET_SHA256,
-    data_dir: Path | None = None,
-) -> Path:
-    """makemore's names.txt from the user data directory, downloaded on first use."""
-    dest = (data_dir or user_data_dir()) / "names.txt"
-    if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha256:
-        return dest
-    return download_dataset(url, dest, sha256, progress)
-
-
-def load_corpus(path: str | os.PathLike | None, progress: ProgressFn | None = None) -> Corpus:
-    """The corpus from a file, or the default dataset when path is None."""
-    return Corpus.from_file(path if path is not None else default_dataset_path(progress))
+def load_corpus(path: str | os.PathLike | None) -> Corpus:
+    """The corpus from a file, or the packaged names.txt when path is None."""
+    return Corpus.from_file(path if path is not None else default_dataset_path())

@@ -63,8 +63,13 @@ def init_params(model: ModelConfig, vocab_size: int, seed: int, std: float) -> n
     rng = np.random.default_rng(seed)
     specs = param_specs(model, vocab_size)
     flat = np.empty(specs[-1].end, dtype=np.float32)
-    for spec in specs:  # one matrix at a time: no float64 copy of the whole model
-        flat[spec.offset : spec.end] = rng.normal(0.0, std, spec.size)
+    try:
+        with np.errstate(over="raise"):  # a float32 overflow is an error, not a warning and inf
+            for spec in specs:  # one matrix at a time: no float64 copy of the whole model
+                flat[spec.offset : spec.end] = rng.normal(0.0, std, spec.size)
+    except FloatingPointError:
+        raise ValueError(f"init_std must be small enough for float32 weights, got {std:g} "
+                         f"(it drew weights beyond {np.finfo(np.float32).max:.3g})") from None
     return flat
 
 

@@ -49,6 +49,22 @@ FIRST_CAPACITY = 32  # positions a batch's cache holds before it first grows
 DRAW_BYTES_PER_LOGIT = 4 + 4 + 8 + 8 + 1
 
 
+def check_sample_args(num_samples, temperature, seed) -> None:
+    """ValueError naming the first argument of a sample() call that is out of range
+    (the CLI checks its flags with this before training)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    if num_samples > MAX_SAMPLES:
+        raise ValueError(
+            f"num_samples must be at most {MAX_SAMPLES:,} per call, got {num_samples:,}: names are "
+            "generated one character at a time, so more would take minutes and hold every name in "
+            "memory. Sample in several calls (with different seeds) instead.")
+    if not isinstance(temperature, (int, float, np.floating)) or not temperature > 0:
+        raise ValueError(f"temperature must be greater than 0, got {temperature!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+
+
 def check_prefix_length(prefix: str, block_size: int, name: str = "the prefix") -> None:
     """A prefix must leave room for one drawn token: shorter than block_size."""
     if len(prefix) >= block_size:

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox
 import engine
 
 MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
-FIELD_RANGES = {"n_embd": (1, 4096), "n_layer": (1, 96), "n_head": (1, 128), "block_size": (2, 4096)}
+LIMITS = engine.config.FIELD_LIMITS  # the engine's ranges: a checkpoint outside them is refused
+FIELD_RANGES = {name: LIMITS["model." + name] for name in MODEL_FIELDS}
 INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native frame and arrows stay)
 
 
@@ -103,13 +104,13 @@ class ConfigPanel(QWidget):
         model_form.addRow(self.error_label)
 
         # training
-        self.steps_spin = QSpinBox(objectName="stepsSpin", minimum=1, maximum=10_000_000)
+        self.steps_spin = QSpinBox(objectName="stepsSpin", minimum=1, maximum=LIMITS["train.num_steps"][1])
         self.steps_spin.setGroupSeparatorShown(True)
-        self.lr_spin = QDoubleSpinBox(objectName="learningRateSpin", decimals=6, minimum=1e-6,
-                                      maximum=1.0, singleStep=0.0005)
-        self.std_spin = QDoubleSpinBox(objectName="initStdSpin", decimals=4, minimum=1e-4,
-                                       maximum=1.0, singleStep=0.01)
-        self.seed_spin = QSpinBox(objectName="seedSpin", minimum=0, maximum=2**31 - 1)
+        self.lr_spin = QDoubleSpinBox(objectName="learningRateSpin", decimals=6, minimum=LIMITS["train.learning_rate"][0],
+                                      maximum=LIMITS["train.learning_rate"][1], singleStep=0.0005)
+        self.std_spin = QDoubleSpinBox(objectName="initStdSpin", decimals=4, minimum=LIMITS["train.init_std"][0],
+                                       maximum=LIMITS["train.init_std"][1], singleStep=0.01)
+        self.seed_spin = QSpinBox(objectName="seedSpin", minimum=0, maximum=LIMITS["train.seed"][1])
         train_box = QGroupBox("Training")
         train_form = QFormLayout(train_box)
         train_form.addRow("Steps", self.steps_spin)

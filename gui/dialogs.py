@@ -1,18 +1,15 @@
-"""Small pieces around the window: the non-blocking message box, the About
-text, and the default dataset's download in a background thread."""
+"""Small pieces around the window: the non-blocking message box and the About text."""
 from __future__ import annotations
 
 import platform
-import threading
 
 import numpy as np
 import PySide6
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, Signal, qVersion
+from PySide6.QtCore import Qt, qVersion
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 import engine
-from engine import data as engine_data
 
 
 def show_message_box(parent: QWidget, kind: str, title: str, text: str, details: str = "") -> QMessageBox:
@@ -41,33 +38,3 @@ def about_html(backend: str | None) -> str:
     table = "".join(f"<tr><td>{k}</td><td>&nbsp;&nbsp;<b>{v}</b></td></tr>" for k, v in rows)
     return ("<h3>microgpt-gui</h3><p>Train and sample Karpathy's microgpt, a tiny "
             f"character-level GPT that invents names.</p><table>{table}</table>")
-
-
-class DefaultDatasetDownload(QObject):
-    """Fetches the default names.txt (or finds it cached) off the GUI thread."""
-
-    progress = Signal(int, int)   # bytes so far, total (0 if unknown)
-    done = Signal(str)            # the local path
-    failed = Signal(str)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dataset-download", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            path = engine_data.default_dataset_path(progress=self._emit_progress)
-        except Exception as exc:  # offline, corrupt download, unwritable data dir
-            self._emit(self.failed, str(exc))
-        else:
-            self._emit(self.done, str(path))
-
-    def _emit_progress(self, done: int, total: int) -> None:
-        self._emit(self.progress, done, total)
-
-    @staticmethod
-    def _emit(signal, *args) -> None:
-        try:
-            signal.emit(*args)
-        except RuntimeError:  # the window (and this object) went away meanwhile
-            pass

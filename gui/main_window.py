@@ -21,7 +21,7 @@ from . import worker as w
 from .background import BackgroundCall
 from .config_panel import ConfigPanel
 from .controls import ElidingStatusBar
-from .dialogs import DefaultDatasetDownload, show_message_box
+from .dialogs import show_message_box
 from .explore import ExploreTabs
 from .file_actions import FileActions
 from .loss_plot import LossPlot
@@ -73,7 +73,6 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         self.messages: list[tuple[str, str, str]] = []  # (kind, title, text), newest last
         self.message_hook = show_message_box             # replaceable, e.g. by tests
         self.exit_hook = exit_now  # called if a closed window's worker outlasts END_BOUND_S
-        self._download: DefaultDatasetDownload | None = None
         self._dataset_read: BackgroundCall | None = None  # the latest Open dataset, until it reports
 
         self.setStatusBar(ElidingStatusBar())  # before anything shows a message
@@ -218,42 +217,17 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         self._update_status()
 
     def _start_default_dataset(self) -> None:
+        """The dataset used last, else makemore's names.txt shipped with the package."""
         saved = str(self.settings.value("dataset", "") or "")
         if saved and Path(saved).is_file():
             self.open_dataset(saved)
             return
-        self.config_panel.dataset_info.setText("Fetching the default dataset (names.txt)...")
-        self.progress_bar.setRange(0, 0)  # busy until the size is known
-        self.progress_bar.setFormat("downloading names.txt")
-        self._download = DefaultDatasetDownload(self)
-        self._download.progress.connect(self._on_download_progress)
-        self._download.done.connect(self._on_download_done)
-        self._download.failed.connect(self._on_download_failed)
-        self._download.start()
-
-    @Slot(int, int)
-    def _on_download_progress(self, done: int, total: int) -> None:
-        if total:
-            self.progress_bar.setRange(0, total)
-            self.progress_bar.setValue(done)
-        self.progress_bar.setFormat(f"downloading names.txt: {done // 1024} KiB")
-
-    @Slot(str)
-    def _on_download_done(self, path: str) -> None:
-        self._reset_progress()
-        if self.corpus is None and self._dataset_read is None:  # the user may have opened another file
-            self.open_dataset(path)
-
-    @Slot(str)
-    def _on_download_failed(self, message: str) -> None:
-        self._reset_progress()
-        if self.corpus is None and self._dataset_read is None:
-            # the whole reason goes in the Dataset box: the status bar has room for one short line
-            self.config_panel.dataset_info.setText(
-                f"The default dataset (names.txt) could not be downloaded: {message}\n"
-                "Use Open dataset... to train on a text file of your own (one name per line).")
-            self.show_message("warning", "No dataset", message,
-                              status="No dataset: the download failed (see the Dataset box); "
+        try:
+            self.open_dataset(str(engine.default_dataset_path()))
+        except engine.DatasetError as exc:  # a damaged installation
+            self.config_panel.dataset_info.setText(f"{exc}. Use Open dataset... to choose a text file.")
+            self.show_message("error", "No dataset", str(exc),
+                              status="No dataset: names.txt is damaged (see the Dataset box); "
                                      "use File > Open dataset...")
 
     # display ----------------------------------------------------------------

@@ -13,7 +13,6 @@
 # tests and the benchmark both succeeded.
 #
 # Environment: PYTHON (default python3), OUT (default gpu-check-out),
-# MICROGPT_NAMES (path of makemore's names.txt; searched for otherwise),
 # BACKENDS (default numpy,cupy), PRESETS (default tiny,s128,gpt2-small).
 set -euo pipefail
 
@@ -64,19 +63,12 @@ print("probe:", probe())
 EOF
 
 log "dataset"
-names=""
-for candidate in "${MICROGPT_NAMES:-}" shared/data/names.txt ../shared/data/names.txt ../../shared/data/names.txt; do
-  if [ -n "$candidate" ] && [ -f "$candidate" ]; then names=$(cd "$(dirname "$candidate")" && pwd)/names.txt; break; fi
-done
-if [ -z "$names" ]; then
-  # the user's cached copy, downloaded (and checksummed) if this machine is online
-  names=$($PY -c 'from engine.data import default_dataset_path; print(default_dataset_path())' 2>>"$OUT/dataset.err" || true)
-fi
+# makemore's names.txt as the package ships it (checked by its sha256)
+names=$($PY -c 'from engine.data import default_dataset_path; print(default_dataset_path())' 2>>"$OUT/dataset.err" || true)
 if [ -z "$names" ] || [ ! -f "$names" ]; then
-  echo "names.txt not found and not downloadable: set MICROGPT_NAMES=/path/to/names.txt" | tee -a "$OUT/summary.txt"
+  echo "the packaged names.txt cannot be used (see $OUT/dataset.err): reinstall" | tee -a "$OUT/summary.txt"
   names=""
 else
-  export MICROGPT_NAMES="$names"
   echo "names.txt: $names" | tee -a "$OUT/summary.txt"
 fi
 
@@ -115,7 +107,7 @@ from engine import PRESETS, BackendError, Corpus, open_backend
 
 backends, presets, names, out = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3], sys.argv[4]
 if not names:
-    sys.exit("names.txt is needed for the benchmark: set MICROGPT_NAMES")
+    sys.exit("names.txt is needed for the benchmark: the packaged copy cannot be used")
 corpus = Corpus.from_file(names)
 rows, failed = [], False
 print(f"{'backend':8} {'preset':11} {'params':>12} {'ms/step':>10} {'steps/s':>9} {'steps':>6}")

@@ -1,6 +1,6 @@
 """Time Backend.sample() on the NumPy backend (a measurement, not a test).
 
-    python scripts/sampling_speed.py --data ../shared/data/names.txt \
+    python scripts/sampling_speed.py [--data FILE] \
         --runs s128:200 s256:200 gpt2-small:10 [--train 300] [--checkpoints DIR]
 
 For each preset:count it opens the preset (fresh parameters, or DIR/<preset>.npz
@@ -25,7 +25,7 @@ import engine  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", required=True)
+    parser.add_argument("--data", help="default: the packaged names.txt")
     parser.add_argument("--runs", nargs="+", default=["s128:200", "s256:200", "gpt2-small:10"])
     parser.add_argument("--train", type=int, default=0, help="steps to train before sampling")
     parser.add_argument("--checkpoints", help="folder of <preset>.npz to sample from")
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--prefix", default="")
     args = parser.parse_args()
-    corpus = engine.Corpus.from_file(args.data)
+    corpus = engine.load_corpus(args.data)
     for run in args.runs:
         name, count = run.split(":")
         if args.checkpoints:

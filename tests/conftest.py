@@ -1,37 +1,22 @@
 """Shared fixtures for the whole suite (engine, GUI and backend tests).
 
-The real dataset is makemore's names.txt in ../shared/data beside the
-repository root (or $MICROGPT_NAMES); it is never copied into the repo, and
-tests that need it skip with a stated reason where it is absent.
+The real dataset is makemore's names.txt as the package ships it
+(engine/datasets/names.txt): the suite needs nothing outside the repository.
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import pytest
 
-from engine import Corpus, ModelConfig, TrainConfig
+from engine import Corpus, ModelConfig, TrainConfig, default_dataset_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pytest_plugins = ["futhark_support", "checkpoint_support"]  # the Futhark and checkpoint tests' fixtures
 
 
-def find_names_txt() -> Path:
-    """$MICROGPT_NAMES if set, else shared/data/names.txt beside the repository root
-    (../shared), or beside a folder above it (git worktrees kept in a subfolder)."""
-    if os.environ.get("MICROGPT_NAMES"):
-        return Path(os.environ["MICROGPT_NAMES"])
-    for folder in REPO_ROOT.parents:
-        candidate = folder / "shared" / "data" / "names.txt"
-        if candidate.is_file():
-            return candidate
-    return REPO_ROOT.parent / "shared" / "data" / "names.txt"
-
-
-NAMES_PATH = find_names_txt()
 
 # A handful of names with a small alphabet: fast to train on, every backend can use it.
 SMALL_NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper",
@@ -40,10 +25,9 @@ SMALL_NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "
 
 @pytest.fixture(scope="session")
 def names_path() -> Path:
-    """Path of makemore's names.txt (32,033 names); skips where it is absent."""
-    if not NAMES_PATH.is_file():
-        pytest.skip(f"names.txt not found at {NAMES_PATH} (the shared dataset beside the repo)")
-    return NAMES_PATH
+    """Path of makemore's names.txt (32,033 names) as the package ships it, checked
+    by its sha256 (a changed copy fails the tests that read it)."""
+    return default_dataset_path()
 
 
 @pytest.fixture(scope="session")

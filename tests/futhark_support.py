@@ -11,6 +11,7 @@ by inverse CDF in float32, as the kernel's `draw` does.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -84,10 +85,8 @@ def edit_kernel(kernel_dir: Path) -> None:
 
 
 def real_futhark() -> str | None:
-    """A real Futhark compiler: FUTHARK, `futhark` on PATH, or the development
-    copy in shared/tools/bin beside the repository (or a folder above it)."""
+    """A real Futhark compiler: FUTHARK, or `futhark` on PATH (nothing beside the repository)."""
     candidates = [os.environ.get("FUTHARK"), shutil.which("futhark")]
-    candidates += [str(folder / "shared" / "tools" / "bin" / "futhark") for folder in REPO_ROOT.parents]
     for path in candidates:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
@@ -106,8 +105,7 @@ CLANG = cc.CCompiler("/usr/bin/clang", "/usr/bin/clang", "clang", CLANG_VERSION)
 
 REAL_FUTHARK = real_futhark()
 requires_real_futhark = pytest.mark.skipif(
-    REAL_FUTHARK is None, reason="needs a Futhark compiler (FUTHARK, futhark on PATH, or "
-                                 "../shared/tools/bin/futhark beside the repository)")
+    REAL_FUTHARK is None, reason="needs a Futhark compiler (set FUTHARK, or put futhark on PATH)")
 
 
 @pytest.fixture
@@ -155,6 +153,23 @@ def futhark_cpu_builds(tmp_path_factory) -> dict:
             assert plan.origin.kind == "shipped", plan.origin
             builds[target] = fbuild.build(target)
     return builds
+
+
+def build_compiler(libdir: Path) -> cc.CCompiler:
+    """The C compiler a build was made with (its cache key's cc=), described again."""
+    key = json.loads((libdir / "build.json").read_text())["key"]
+    path = next(part for part in key if part.startswith("cc=")).partition("=")[2]
+    return cc.find_c_compiler({"PATH": os.environ.get("PATH", ""), "CC": path})
+
+
+@pytest.fixture
+def session_compiler(futhark_cpu_builds, monkeypatch) -> cc.CCompiler:
+    """The C compiler of the session's builds, kept for this test: a compiler installed
+    since (clang beside gcc) would otherwise be found first, and plan another library."""
+    compiler = build_compiler(futhark_cpu_builds["c"])
+    if "CC" not in os.environ:  # the user's CC is what the builds used already
+        monkeypatch.setenv("CC", compiler.path)
+    return compiler
 
 
 # futhark-multicore on a test-sized model runs futhark-c's sequential build (one

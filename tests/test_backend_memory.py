@@ -165,3 +165,99 @@ def test_available_memory_is_at_most_the_physical_memory():
 
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert 0 < available_memory_bytes() <= physical
+
+
+# ---- the process's own limits: cgroups (containers) and RLIMIT_AS ------------------
+
+def write_files(root, files: dict) -> None:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+GIB = 1 << 30
+
+
+def test_cgroup_v2_headroom_is_the_tightest_limit_less_usage_without_page_cache(tmp_path):
+    from engine.memory import cgroup_headroom_bytes
+
+    root = tmp_path / "sys-fs-cgroup"
+    write_files(root, {
+        "cgroup.controllers": "cpu memory\n",
+        "user.slice/memory.max": "max\n",  # no limit here
+        "user.slice/app.scope/memory.max": f"{4 * GIB}\n",
+        "user.slice/app.scope/memory.current": f"{3 * GIB}\n",
+        "user.slice/app.scope/memory.stat": f"anon {2 * GIB}\ninactive_file {GIB // 2}\n",
+    })
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/user.slice/app.scope\n")
+    assert cgroup_headroom_bytes(proc, root) == 4 * GIB - (3 * GIB - GIB // 2)
+    write_files(root, {"user.slice/memory.max": f"{2 * GIB}\n", "user.slice/memory.current": f"{GIB}\n"})
+    assert cgroup_headroom_bytes(proc, root) == GIB  # a parent's limit applies too
+
+
+def test_cgroup_v1_limit_and_a_container_that_sees_its_cgroup_at_the_mount(tmp_path):
+    from engine.memory import cgroup_headroom_bytes
+
+    root = tmp_path / "sys-fs-cgroup"
+    write_files(root, {  # inside a container the host's path does not exist: the mount is its cgroup
+        "memory/memory.limit_in_bytes": f"{6 * GIB}\n",
+        "memory/memory.usage_in_bytes": f"{GIB}\n",
+        "memory/memory.stat": f"cache {GIB}\ntotal_inactive_file {GIB // 4}\n",
+    })
+    proc = tmp_path / "cgroup"
+    proc.write_text("5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    assert cgroup_headroom_bytes(proc, root) == 6 * GIB - (GIB - GIB // 4)
+    write_files(root, {"memory/memory.limit_in_bytes": "9223372036854771712\n"})  # v1's "no limit"
+    assert cgroup_headroom_bytes(proc, root) is None
+    proc.write_text("garbage\n")
+    assert cgroup_headroom_bytes(proc, root) is None
+
+
+def test_the_available_memory_is_the_least_of_machine_cgroup_and_address_space(monkeypatch):
+    from engine import memory
+
+    monkeypatch.setattr(memory, "machine_available_bytes", lambda: 20 * GIB)
+    monkeypatch.setattr(memory, "cgroup_headroom_bytes", lambda: 3 * GIB)
+    monkeypatch.setattr(memory, "address_space_headroom_bytes", lambda: None)
+    assert memory.available_memory_bytes() == 3 * GIB
+    assert memory.limit_note() == " (under this process's cgroup memory limit)"
+    monkeypatch.setattr(memory, "address_space_headroom_bytes", lambda: GIB)
+    assert memory.available_memory_bytes() == GIB
+    assert memory.limit_note() == " (under this process's address-space limit, ulimit -v)"
+    monkeypatch.setattr(memory, "machine_available_bytes", lambda: GIB // 2)
+    assert memory.limit_note() == ""  # the machine itself is the tightest: no process limit to name
+    for name in ("machine_available_bytes", "cgroup_headroom_bytes", "address_space_headroom_bytes"):
+        monkeypatch.setattr(memory, name, lambda: None)
+    assert memory.available_memory_bytes() is None
+
+
+RLIMIT_CHILD = """
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+from engine import BackendError, Corpus, ModelConfig, TrainConfig, open_backend
+from engine.memory import available_memory_bytes
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+assert available_memory_bytes() < 6 << 30, available_memory_bytes()
+try:
+    open_backend("numpy", ModelConfig(n_embd=8192, n_layer=1, n_head=4, block_size=16),
+                 TrainConfig(num_steps=2), Corpus.from_lines(["anna", "bob"]))
+except BackendError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/statm are Linux's")
+def test_an_address_space_limit_is_a_backend_error_not_a_memory_error(tmp_path):
+    """Under a 6 GiB RLIMIT_AS, n_embd 8192 raised a raw MemoryError: the check read only
+    the machine's free memory."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", RLIMIT_CHILD, str(root)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "the numpy backend needs about" in result.stdout
+    assert "GiB is available (under this process's address-space limit, ulimit -v)." in result.stdout

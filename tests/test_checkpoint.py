@@ -106,17 +106,19 @@ def _age(path, seconds):
     os.utime(path, (stamp, stamp))
 
 
-def test_the_next_save_removes_only_stale_unlocked_leftovers(run, tmp_path):
+def test_the_next_save_removes_only_unlocked_leftovers(run, tmp_path):
     from engine import checkpoint
 
     folder = tmp_path
     stale = folder / f"run.npz.0123456789ab{checkpoint.TEMP_SUFFIX}"
     legacy = folder / "old.npz.k3j_x9ab.tmp"  # mkstemp's name, from earlier versions
-    fresh = folder / f"run.npz.ba9876543210{checkpoint.TEMP_SUFFIX}"  # a save that just began
+    dead = folder / f"run.npz.cccccccccccc{checkpoint.TEMP_SUFFIX}"  # a writer killed a moment ago
+    fresh = folder / f"run.npz.ba9876543210{checkpoint.TEMP_SUFFIX}"  # created, not yet locked
     live = folder / f"other.npz.aaaaaaaaaaaa{checkpoint.TEMP_SUFFIX}"  # an old one still being written
     others = [folder / "notes.tmp", folder / "run.npz.tmp", folder / f"x{checkpoint.TEMP_SUFFIX}"]
-    for p in (stale, legacy, fresh, live, *others):
+    for p in (stale, legacy, dead, live, *others):
         p.write_bytes(b"PK partial")
+    fresh.write_bytes(b"")
     for p in (stale, legacy, live, *others):
         _age(p, 3600)
     if checkpoint.fcntl is None:
@@ -125,8 +127,11 @@ def test_the_next_save_removes_only_stale_unlocked_leftovers(run, tmp_path):
         checkpoint.fcntl.flock(holder.fileno(), checkpoint.fcntl.LOCK_EX)  # as a save in progress does
         run.save(folder / "next.npz")
     names = sorted(os.listdir(folder))
-    assert stale.name not in names and legacy.name not in names
+    assert stale.name not in names and legacy.name not in names and dead.name not in names
     assert {fresh.name, live.name, *(p.name for p in others), "next.npz"} == set(names)
+    _age(fresh, checkpoint.STALE_TEMP_SECONDS + 60)  # its writer never locked it: dead
+    run.save(folder / "next.npz")
+    assert fresh.name not in os.listdir(folder)
 
 
 KILLED_SAVE = r"""
@@ -179,8 +184,5 @@ def test_a_save_killed_midway_keeps_the_old_file_and_the_next_save_cleans_up(run
     assert proc.returncode == -signal.SIGKILL
     assert path.read_bytes() == saved_bytes and read_checkpoint(path).step == 4  # intact
     assert (tmp_path / leftovers[0]).stat().st_size > 1 << 20
-    run.save(tmp_path / "later.npz")  # too recent to be sure it is stale: kept
-    assert leftovers[0] in os.listdir(tmp_path)
-    _age(tmp_path / leftovers[0], checkpoint.STALE_TEMP_SECONDS + 60)
-    run.save(tmp_path / "later.npz")
+    run.save(tmp_path / "later.npz")  # its writer is dead (no lock): removed, however recent
     assert sorted(os.listdir(tmp_path)) == ["later.npz", "run.npz"]

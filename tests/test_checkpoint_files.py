@@ -187,6 +187,38 @@ def test_an_absurd_num_steps_is_named(saved, steps):
         load_checkpoint(saved)
 
 
+@pytest.mark.parametrize("key, value, shown", [
+    ("train.num_steps", 10**12, "train.num_steps is 1,000,000,000,000, outside 1..10,000,000"),
+    ("train.seed", 2**40, "train.seed is 1,099,511,627,776, outside 0..2,147,483,647"),
+    ("model.n_layer", 97, "model.n_layer is 97, outside 1..96"),
+    ("train.learning_rate", 2.0, "train.learning_rate is 2, outside 1e-06..1"),
+])
+def test_a_value_beyond_the_fields_limits_is_refused(saved, key, value, shown):
+    """10^12 steps is a valid TrainConfig, but the window's Steps field (a 32-bit int)
+    overflowed on it: refused when read, in the words of engine.config.FIELD_LIMITS."""
+    from engine.config import FIELD_LIMITS
+
+    low, high = FIELD_LIMITS[key]
+    assert not low <= value <= high  # the case is beyond the limit it names
+    arrays = contents(saved)
+    arrays[key] = np.asarray(value)
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(saved)
+    assert str(info.value) == f"{saved}: {shown}, the range microgpt-gui's fields hold"
+
+
+@pytest.mark.parametrize("docs, problem", [("", "it holds no documents"),
+                                           ("emma\n\nava", "document 2 of 3 is empty")])
+def test_a_checkpoint_without_documents_is_refused(saved, docs, problem):
+    arrays = contents(saved)
+    arrays["docs"] = np.str_(docs)
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(saved)
+    assert str(info.value) == f"{saved}: its dataset ('docs') is unusable: {problem}"
+
+
 # ---- sizes checked before decompressing ----------------------------------------------
 
 @pytest.fixture

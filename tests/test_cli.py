@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -171,17 +171,123 @@ def test_demo_rejects_bad_data(tmp_path, capsys):
     assert err.count("\n") == 1  # one line, no traceback
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the data directory follows XDG_DATA_HOME on Linux")
-def test_demo_offline_names_data_option(tmp_path, monkeypatch, capsys):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("network is unreachable")
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails, as on a plane."""
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
 
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no cached copy
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    code, out, err = run(["demo", "--steps", "1"], capsys)
-    assert code == 2
-    assert "could not download the default dataset" in err and "--data FILE" in err
-    assert "Traceback" not in err and "num docs" not in out
+    monkeypatch.setattr(socket, "socket", unreachable)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+
+
+def test_demo_and_bench_use_the_packaged_names_with_no_network(no_network, capsys):
+    code, out, err = run(["demo", "--steps", "2", "--samples", "2"], capsys)
+    assert code == 0, err
+    assert "num docs: 32033" in out and "vocab size: 27" in out and err == ""
+    assert bench_rows(run, capsys, ["--presets", "tiny"]) == [("numpy", "tiny", "ok")]
+
+
+def bench_rows(run, capsys, args):
+    """(backend, preset, status) of each row of a short numpy bench without --data."""
+    code, out, err = run(["bench", "--backends", "numpy", "--steps", "2", "--seconds", "0", "--warmup", "1",
+                          "--sample-names", "0", *args], capsys)
+    assert code == 0, err
+    header = next(i for i, line in enumerate(out.splitlines()) if line.startswith("backend "))
+    rows = [line.split() for line in out.splitlines()[header + 1:] if line.startswith("numpy ")]
+    return [(r[0], r[1], "ok" if "error" not in r and "skipped:" not in r else "not ok") for r in rows]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--samples", "10001"], "--samples must be at most 10,000"),
+    (["--steps", str(10**13)], "--steps must be at most 10^12"),
+    (["--init-std", "1e38"], "--init-std must be small enough for float32 weights, got 1e+38"),
+    (["--samples", "0"], "--samples must be at least 1"),
+    (["--temperature", "inf"], "--temperature must be a positive number"),
+])
+def test_a_bad_demo_value_is_refused_before_training_by_its_flag(args, message, capsys, monkeypatch):
+    from engine.backends.base import Backend
+
+    def no_training(self, k):
+        raise AssertionError("trained before refusing a bad value")
+
+    monkeypatch.setattr(Backend, "train", no_training)
+    code, out, err = run(["demo", "--steps", "3", *args], capsys)
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not re.search(r"num_samples|num_steps|init_std|learning_rate|Warning", err)
+    assert "step " not in out
+
+
+def test_an_overflowing_init_std_is_one_line_in_a_real_process(tmp_path):
+    """NumPy's RuntimeWarning (with its source line) went to stderr before the error."""
+    result = run_main(["demo", "--steps", "3", "--init-std", "1e38"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: --init-std must be small enough for float32 weights, "
+                                          "got 1e+38 (it drew weights beyond 3.4e+38)"]
+
+
+@pytest.mark.futhark
+@pytest.mark.slow
+def test_demo_announces_a_first_futhark_build_and_its_time(tmp_path):
+    """A new user's first futhark-c demo sat silent for 34 s while it compiled."""
+    from engine.futhark import cc
+
+    compiler = cc.find_c_compiler({"PATH": os.environ.get("PATH", "")})  # run_main passes PATH, no CC
+    if compiler is None:
+        pytest.skip(cc.NO_C_COMPILER)
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    args = ["demo", "--backend", "futhark-c", "--steps", "2", "--samples", "1", "--data", str(data)]
+    first = run_main(args, tmp_path, timeout=600)  # a fresh HOME: an empty build cache
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    lines = first.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("building "))
+    assert lines[at - 1].startswith("vocab size: ")
+    assert re.fullmatch(rf"building futhark-c from the shipped C with {compiler.name} "
+                        r"\(first use, about 20-40 s\)\.\.\.", lines[at])
+    assert re.fullmatch(r"built futhark-c in \d+ s", lines[at + 1]) and lines[at + 2].startswith("model: ")
+    again = run_main(args, tmp_path, timeout=600)
+    assert again.returncode == 0 and "building" not in again.stdout and "built" not in again.stdout
+
+
+def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys):
+    """The rows' processes would each build silently: the parent builds, announced."""
+    from engine import cli
+    from engine.futhark import build as fb
+
+    built = []
+
+    def announced_build(target):
+        start = fb.BuildEvent("start", f"futhark-{target}", "shipped", "gcc 12.2.0", "0.25.34", "about 20-40 s")
+        fb._announce(start)
+        if target == "multicore":
+            fb._announce(replace(start, phase="failed", seconds=1.2))
+            raise engine.BackendError("the C compiler could not build it")  # its row will say so
+        built.append(target)
+        fb._announce(replace(start, phase="done", seconds=21.6))
+
+    monkeypatch.setattr(fb, "build", announced_build)
+    cli.build_futhark_first(["numpy", "futhark-c", "futhark-multicore", "torch"])
+    assert built == ["c"]
+    assert capsys.readouterr().out.splitlines() == [
+        "building futhark-c from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
+        "built futhark-c in 22 s",
+        "building futhark-multicore from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
+        "could not build futhark-multicore in 1 s"]
+    fb.build("c")  # the listener is gone once the builds are done
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sample-names", "10001"], "--sample-names must be at most 10,000"),
+    (["--json", "{tmp}/no/such/folder/bench.json"], "--json {tmp}/no/such/folder/bench.json: the folder "
+                                                   "{tmp}/no/such/folder does not exist"),
+    (["--json", "{tmp}"], "--json {tmp} is a folder; name a file in it"),
+])
+def test_a_bad_bench_value_is_refused_before_measuring(args, message, capsys, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    code, out, err = run(["bench", "--backends", "numpy", *args], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {message.format(tmp=tmp_path)}") and err.count("\n") == 1
 
 
 def test_demo_reports_divergence_in_one_line(tmp_path, capsys):

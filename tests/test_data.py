@@ -1,10 +1,9 @@
 """engine.data: microgpt's training order, vocabulary, encoding, file handling,
-the token arrays, and the default-dataset download against a local HTTP server."""
+the token arrays, and the packaged default dataset."""
 from __future__ import annotations
 
-import functools
+import fnmatch
 import hashlib
-import http.server
 import os
 import socket
 import sys
@@ -15,7 +14,7 @@ import pytest
 
 from engine import Corpus, DatasetError, default_dataset_path
 import engine.data as data
-from engine.data import download_dataset
+from conftest import REPO_ROOT
 
 
 # ---- training order and vocabulary -------------------------------------------
@@ -232,151 +231,80 @@ def test_from_training_order_keeps_order_and_rejects_unknown_characters():
         Corpus.from_training_order(["cab", "abd"], ["a", "b", "c"])
 
 
-# ---- default dataset download (a real HTTP server on 127.0.0.1) ----------------
+# ---- the packaged default dataset -----------------------------------------------
 
-@pytest.fixture
-def local_server(tmp_path, monkeypatch):
-    """Serve tmp_path/'www' over HTTP on 127.0.0.1; yields (www dir, base url)."""
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    www = tmp_path / "www"
-    www.mkdir()
-
-    class QuietHandler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = functools.partial(QuietHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield www, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+MAKEMORE_NAMES_SHA256 = "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
 
 
-NAMES_SAMPLE = b"emma\nolivia\nava\nisabella\nsophia\n" * 50
+def test_the_packaged_names_txt_is_makemores_with_its_licence():
+    path = data.DEFAULT_DATASET_PATH
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == MAKEMORE_NAMES_SHA256
+    assert default_dataset_path() == path
+    licence = (path.parent / "LICENSE-makemore.txt").read_text()
+    assert "MIT License" in licence and "Copyright (c) 2022 Andrej Karpathy" in licence
+    assert "github.com/karpathy/makemore" in licence and MAKEMORE_NAMES_SHA256 in licence
 
 
-@pytest.fixture
-def raw_server(monkeypatch):
-    """An HTTP server whose GET behaviour a test sets: yields (set_handler, url)."""
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    behaviour = {}
-    release = threading.Event()
+def test_the_wheel_and_sdist_ship_the_dataset_and_its_licence():
+    import tomllib
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            behaviour["get"](self, release)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield (lambda fn: behaviour.update(get=fn)), f"http://127.0.0.1:{server.server_address[1]}/names.txt"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "engine*" in config["packages"]["find"]["include"]
+    patterns = config["package-data"]["engine.datasets"]
+    for name in ("names.txt", "LICENSE-makemore.txt"):
+        assert any(fnmatch.fnmatch(name, p) for p in patterns), name
+        assert (data.DEFAULT_DATASET_PATH.parent / name).is_file()
+    assert (data.DEFAULT_DATASET_PATH.parent / "__init__.py").is_file()  # a package find_packages sees
 
 
-def test_download_is_verified_cached_and_reused(local_server, tmp_path):
-    www, base = local_server
-    (www / "names.txt").write_bytes(NAMES_SAMPLE)
-    sha = hashlib.sha256(NAMES_SAMPLE).hexdigest()
-    data_dir = tmp_path / "data"
-    seen = []
-    path = default_dataset_path(progress=lambda done, total: seen.append((done, total)),
-                                url=f"{base}/names.txt", sha256=sha, data_dir=data_dir)
-    assert path == data_dir / "names.txt" and path.read_bytes() == NAMES_SAMPLE
-    assert seen and seen[-1] == (len(NAMES_SAMPLE), len(NAMES_SAMPLE))
-    assert sorted(p.name for p in data_dir.iterdir()) == ["names.txt"]  # no .part left
-    assert sorted(Corpus.from_file(path).docs) == sorted(NAMES_SAMPLE.decode().split())
-
-    # reused: the server no longer has the file, yet the cached copy is returned
-    (www / "names.txt").unlink()
-    again = default_dataset_path(url=f"{base}/names.txt", sha256=sha, data_dir=data_dir)
-    assert again == path and again.read_bytes() == NAMES_SAMPLE
+@pytest.mark.parametrize("change", ["edited", "missing"])
+def test_a_damaged_packaged_dataset_is_refused(tmp_path, change):
+    copy = tmp_path / "names.txt"
+    if change == "edited":
+        raw = bytearray(data.DEFAULT_DATASET_PATH.read_bytes())
+        raw[0] ^= 1
+        copy.write_bytes(bytes(raw))
+    with pytest.raises(DatasetError, match="reinstall microgpt-gui, or choose a text file") as info:
+        default_dataset_path(copy)
+    assert str(copy) in str(info.value)
 
 
-def test_corrupt_cached_file_is_downloaded_again(local_server, tmp_path):
-    www, base = local_server
-    (www / "names.txt").write_bytes(NAMES_SAMPLE)
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    (data_dir / "names.txt").write_bytes(b"half a fi")
-    path = default_dataset_path(url=f"{base}/names.txt", data_dir=data_dir,
-                                sha256=hashlib.sha256(NAMES_SAMPLE).hexdigest())
-    assert path.read_bytes() == NAMES_SAMPLE
+def test_the_default_corpus_needs_no_network(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise OSError("the network is unreachable")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    corpus = data.load_corpus(None)
+    assert len(corpus) == 32033 and corpus.vocab_size == 27
 
 
-def test_corrupted_download_is_rejected_and_nothing_left(local_server, tmp_path):
-    www, base = local_server
-    (www / "names.txt").write_bytes(NAMES_SAMPLE[:-7] + b"mallory")  # same length, other bytes
-    data_dir = tmp_path / "data"
+# ---- files that are not text --------------------------------------------------------
+
+@pytest.mark.parametrize("content, line, code", [
+    (b"\0" * 4096, 1, "U+0000"),
+    (b"anna\nbob\n\0\0\0\n", 3, "U+0000"),
+    (b"anna\nbo\x1b[31mb\n", 2, "U+001B"),
+    (b"\x7fELF\x02\x01\x01\0\0\0", 1, "U+007F"),
+])
+def test_a_binary_file_is_refused_naming_the_line(tmp_path, content, line, code):
+    path = tmp_path / "data.bin"
+    path.write_bytes(content)
     with pytest.raises(DatasetError) as info:
-        default_dataset_path(url=f"{base}/names.txt", data_dir=data_dir,
-                             sha256=hashlib.sha256(NAMES_SAMPLE).hexdigest())
-    assert "corrupt" in str(info.value) and "--data" in str(info.value)
-    assert list(data_dir.iterdir()) == []
-
-
-def test_http_error_is_a_clear_dataset_error(local_server, tmp_path):
-    _, base = local_server  # nothing served: 404
-    data_dir = tmp_path / "data"
-    with pytest.raises(DatasetError, match="--data"):
-        download_dataset(f"{base}/missing.txt", data_dir / "names.txt", "0" * 64, timeout=5)
-    assert list(data_dir.iterdir()) == []
-
-
-def test_server_down_gives_the_offline_message(tmp_path, monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    with socket.socket() as s:  # a port that nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data_dir = tmp_path / "data"
-    with pytest.raises(DatasetError) as info:
-        default_dataset_path(url=f"http://127.0.0.1:{port}/names.txt", sha256="0" * 64,
-                             data_dir=data_dir)
+        Corpus.from_file(path)
     message = str(info.value)
-    assert "offline" in message and "--data" in message and f"127.0.0.1:{port}" in message
-    assert not (data_dir / "names.txt").exists()
-    assert list(data_dir.iterdir()) == []
+    assert f"{path} is not a text file: line {line} holds the control character {code}" in message
+    assert "\n" not in message
 
 
-def test_connection_cut_mid_download_is_rejected(raw_server, tmp_path):
-    set_handler, url = raw_server
-
-    def cut_short(handler, release):
-        handler.send_response(200)
-        handler.send_header("Content-Length", str(len(NAMES_SAMPLE)))
-        handler.end_headers()
-        handler.wfile.write(NAMES_SAMPLE[:100])
-        handler.wfile.flush()
-        handler.close_connection = True
-
-    set_handler(cut_short)
-    data_dir = tmp_path / "data"
-    with pytest.raises(DatasetError, match="--data"):
-        download_dataset(url, data_dir / "names.txt", hashlib.sha256(NAMES_SAMPLE).hexdigest(),
-                         timeout=5)
-    assert list(data_dir.iterdir()) == []
+def test_tabs_and_windows_line_ends_are_text(tmp_path):
+    path = tmp_path / "names.txt"
+    path.write_bytes(b"anna\r\n\tbob\r\n")
+    assert sorted(Corpus.from_file(path).docs) == ["anna", "bob"]
 
 
-def test_stalled_server_times_out_with_the_offline_message(raw_server, tmp_path):
-    set_handler, url = raw_server
-    set_handler(lambda handler, release: release.wait(10))  # never answers until teardown
-    data_dir = tmp_path / "data"
-    with pytest.raises(DatasetError) as info:
-        download_dataset(url, data_dir / "names.txt", "0" * 64, timeout=0.3)
-    assert "--data" in str(info.value)
-    assert list(data_dir.iterdir()) == []
+def test_empty_documents_are_refused_in_training_order():
+    with pytest.raises(DatasetError, match="it holds no documents"):
+        Corpus.from_training_order([""], ["a"])
+    with pytest.raises(DatasetError, match="document 2 of 3 is empty"):
+        Corpus.from_training_order(["a", "", "a"], ["a"])

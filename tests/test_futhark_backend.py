@@ -361,7 +361,7 @@ def test_weights_refuse_a_layout_that_does_not_fit(corpus, change, futhark_cpu_b
 
 
 @pytest.mark.futhark
-def test_one_library_serves_every_size(corpus, futhark_cpu_builds):
+def test_one_library_serves_every_size(corpus, futhark_cpu_builds, session_compiler):
     """Sizes are run-time values: a second, different model reuses the compiled library."""
     libdir = futhark_cpu_builds["c"]
     before = libdir.stat().st_mtime_ns

@@ -169,6 +169,51 @@ def test_failed_c_compile_reaches_open_backend_caller(clean_env):
         open_backend("futhark-c", ModelConfig(), TrainConfig(num_steps=5), corpus)
 
 
+# -- a build is announced -----------------------------------------------------------
+
+@pytest.fixture
+def build_events():
+    events = []
+    remove = fb.add_build_listener(events.append)
+    yield events
+    remove()
+
+
+def test_a_build_is_announced_with_its_backend_compiler_origin_and_time(with_clang, build_events, monkeypatch):
+    def quick_compile(plan):
+        plan.libdir.mkdir(parents=True)
+        (plan.libdir / "build.json").write_text("{}")
+
+    monkeypatch.setattr(fb, "_compile", quick_compile)
+    fb.build("c")
+    start, done = build_events
+    assert (start.phase, start.backend, start.origin, start.compiler) == ("start", "futhark-c", "shipped", "clang 14.0.6")
+    assert start.futhark == gen.read_manifest()["futhark"] and start.estimate == fb.BUILD_ESTIMATES["shipped"]
+    assert start.message() == "building futhark-c from the shipped C with clang 14.0.6 (first use, about 20-40 s)..."
+    assert done.phase == "done" and 0 <= done.seconds < 60 and re.fullmatch(r"built futhark-c in \d+ s", done.message())
+    fb.build("c")  # built: nothing to announce
+    assert len(build_events) == 2
+
+
+def test_a_failed_build_is_announced_as_failed(clean_env, build_events):
+    stand_in_cc(clean_env / "empty-bin", "clang", CLANG_VERSION, "echo 'error: no' >&2\nexit 1\n")
+    with pytest.raises(BackendError):
+        fb.build("multicore")
+    assert [(e.phase, e.backend) for e in build_events] == [("start", "futhark-multicore"), ("failed", "futhark-multicore")]
+    assert build_events[1].message().startswith("could not build futhark-multicore in ")
+
+
+def test_a_local_build_names_the_futhark_compiler(with_clang, clean_env, build_events, monkeypatch, tmp_path):
+    kernels = copy_kernels(tmp_path / "kernels")
+    edit_kernel(kernels)
+    version_only_futhark(clean_env / "empty-bin")
+    with pytest.raises(BackendError):  # the stand-in compiles nothing
+        fb.build("c", kernels)
+    assert build_events[0].message() == ("building futhark-c from the edited kernel sources with Futhark 0.25.9 "
+                                         "and clang 14.0.6 (first use, about 1-2 min)...")
+    assert build_events[-1].phase == "failed"
+
+
 # -- the lock --------------------------------------------------------------------
 
 def test_file_lock_excludes_a_second_holder(tmp_path):
@@ -201,9 +246,9 @@ def test_an_unwritable_cache_is_a_backend_error(with_clang, clean_env, monkeypat
 # -- real builds -----------------------------------------------------------------
 
 @pytest.mark.futhark
-def test_builds_come_from_the_shipped_code_with_the_chosen_flags(futhark_cpu_builds):
+def test_builds_come_from_the_shipped_code_with_the_chosen_flags(futhark_cpu_builds, session_compiler):
     version = gen.read_manifest()["futhark"]
-    compiler = cc.find_c_compiler()
+    compiler = session_compiler
     for target, libdir in futhark_cpu_builds.items():
         record = json.loads((libdir / "build.json").read_text())
         assert (record["origin"], record["futhark"], record["c_compiler"]) == ("shipped", version, compiler.name)

@@ -16,10 +16,10 @@ from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Corpus
 from ..errors import BackendError, TrainingDiverged
-from ..memory import available_memory_bytes, format_bytes, format_count, grown
+from ..memory import available_memory_bytes, format_bytes, format_count, grown, limit_note
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
-from ..sampling import MAX_SAMPLES, check_prefix_length, memory_bytes as sampling_memory_bytes
+from ..sampling import check_prefix_length, check_sample_args, memory_bytes as sampling_memory_bytes
 
 
 @dataclass
@@ -108,14 +108,14 @@ class Backend(ABC):
             f"the model has {format_count(self.num_params)} parameters (n_embd {m.n_embd:,}, "
             f"{m.n_layer:,} layers, block_size {m.block_size:,}, vocabulary {vocab:,}): the "
             f"{self.name} backend needs about {format_bytes(need)} of memory ({parts}), but "
-            f"{format_bytes(free)} is available.{why} Choose a smaller model (n_embd, n_layer, "
+            f"{format_bytes(free)} is available{limit_note()}.{why} Choose a smaller model (n_embd, n_layer, "
             "block_size) or close other programs.")
 
     def _check_fits(self, what: str, nbytes: int, advice: str) -> None:
         free = available_memory_bytes()
         if free is not None and nbytes > free:
             raise BackendError(f"{what} needs {format_bytes(nbytes)} of memory, but "
-                               f"{format_bytes(free)} is available; {advice}")
+                               f"{format_bytes(free)} is available{limit_note()}; {advice}")
 
     def _record_losses(self, losses: np.ndarray) -> None:
         """Append the losses of steps just trained and advance the step; the history
@@ -202,17 +202,7 @@ class Backend(ABC):
 
         cancel, if given, is polled during the call; when it returns True the call
         raises Cancelled (the training state is never changed by sampling)."""
-        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
-        if num_samples > MAX_SAMPLES:
-            raise ValueError(
-                f"num_samples must be at most {MAX_SAMPLES:,} per call, got {num_samples:,}: names are "
-                "generated one character at a time, so more would take minutes and hold every name in "
-                "memory. Sample in several calls (with different seeds) instead.")
-        if not isinstance(temperature, (int, float, np.floating)) or not temperature > 0:
-            raise ValueError(f"temperature must be greater than 0, got {temperature!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        check_sample_args(num_samples, temperature, seed)
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a string, got {prefix!r}")
         check_prefix_length(prefix, self.model.block_size)

@@ -168,16 +168,14 @@ def test_invalid_fields_are_tinted_and_keep_their_arrows(app_style, make_window,
     assert np.abs(arrows() - valid).max() == 0
 
 
-def test_the_offline_message_fits_and_the_dataset_box_has_all_of_it(make_window, qtbot, monkeypatch):
-    from engine import data
+def test_a_damaged_installation_message_fits_and_the_dataset_box_has_all_of_it(make_window, qtbot, monkeypatch):
+    reason = ("the packaged dataset /usr/lib/python3/site-packages/engine/datasets/names.txt has been "
+              "changed (sha256 0123, expected 0a30); reinstall microgpt-gui, or choose a text file of your own")
 
-    reason = ("could not download the default dataset from https://raw.githubusercontent.com/karpathy/"
-              "makemore/master/names.txt: <urlopen error [Errno -3] Temporary failure in name resolution>")
+    def damaged():
+        raise engine.DatasetError(reason)
 
-    def offline(progress=None, **kwargs):
-        raise data.DatasetError(reason)
-
-    monkeypatch.setattr(data, "default_dataset_path", offline)
+    monkeypatch.setattr(engine, "default_dataset_path", damaged)
     window = make_window(None)
     qtbot.waitUntil(lambda: bool(window.messages), timeout=TIMEOUT_MS)
     assert window.messages[-1][2] == reason

@@ -289,6 +289,33 @@ def test_real_bad_checkpoints_are_messages(make_window, names_path, qtbot, tmp_p
         assert window.messages[-1][0] == "error" and window.messages[-1][1] == "Cannot load this checkpoint"
 
 
+def test_a_checkpoint_beyond_the_fields_is_a_message_and_changes_nothing(make_window, names_path, qtbot, tmp_path):
+    """10^12 steps overflowed the Steps spin box (a raw OverflowError, a half set-up window)."""
+    from engine.config import FIELD_LIMITS
+
+    window = make_window(names_path)
+    spins = {"train.num_steps": window.config_panel.steps_spin, "train.seed": window.config_panel.seed_spin,
+             **{"model." + name: spin for name, spin in window.config_panel.fields.items()}}
+    for key, spin in spins.items():  # the window's fields hold exactly the engine's limits
+        assert (spin.minimum(), spin.maximum()) == FIELD_LIMITS[key]
+    backend = engine.open_backend("numpy", engine.ModelConfig(8, 1, 2, 8), engine.TrainConfig(num_steps=4),
+                                  engine.Corpus.from_lines(["anna", "bob"]))
+    backend.train(2)
+    path = tmp_path / "huge.npz"
+    backend.save(path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["train.num_steps"] = np.asarray(10**12)
+    np.savez(path, **arrays)
+    steps = window.config_panel.steps_spin.value()
+    window.load_checkpoint(str(path))
+    qtbot.waitUntil(lambda: bool(window.messages), timeout=TIMEOUT_MS)
+    kind, title, text = window.messages[-1]
+    assert (kind, title) == ("error", "Cannot load this checkpoint") and "train.num_steps is 1,000,000,000,000" in text
+    assert window.state == "none" and window.config_panel.steps_spin.value() == steps
+    assert window.dataset_path == str(names_path)
+
+
 # a run that climbs --------------------------------------------------------------------
 def test_a_climbing_loss_is_warned_about_once(make_window, names_path, qtbot, monkeypatch):
     from engine.backends.numpy_backend import NumpyBackend

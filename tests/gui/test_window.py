@@ -305,16 +305,30 @@ def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path
     assert window.statusBar().currentMessage() == f"Plot exported to {png}"  # a PNG export confirms too
 
 
-def test_offline_default_dataset_offers_open_dataset(make_window, qtbot, monkeypatch):
+def test_a_first_start_opens_the_packaged_names_with_no_network(make_window, monkeypatch):
+    import socket
+
     from engine import data
 
-    def offline(progress=None, **kwargs):
-        raise data.DatasetError("could not download the default dataset (offline)")
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
 
-    monkeypatch.setattr(data, "default_dataset_path", offline)
+    monkeypatch.setattr(socket, "socket", unreachable)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    window = make_window(None)  # no --data and no dataset in the settings
+    assert window.dataset_path == str(data.DEFAULT_DATASET_PATH) and not window.messages
+    assert len(window.corpus) == 32033 and window.corpus.vocab_size == 27
+    assert widget(window, QPushButton, "trainButton").isEnabled()
+
+
+def test_a_damaged_packaged_dataset_offers_open_dataset(make_window, qtbot, monkeypatch):
+    def damaged():
+        raise engine.DatasetError("the packaged dataset names.txt has been changed; reinstall microgpt-gui")
+
+    monkeypatch.setattr(engine, "default_dataset_path", damaged)
     window = make_window(None)
     qtbot.waitUntil(lambda: bool(window.messages), timeout=TIMEOUT_MS)
-    assert "offline" in window.messages[-1][2]
+    assert "reinstall" in window.messages[-1][2]
     assert "Open dataset" in window.config_panel.dataset_info.text()
     train = widget(window, QPushButton, "trainButton")
     assert not train.isEnabled() and "open a dataset" in train.toolTip()
