@@ -8,13 +8,15 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine import Corpus, DatasetError, default_dataset_path
 import engine.data as data
-from conftest import REPO_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- training order and vocabulary -------------------------------------------
