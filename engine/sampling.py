@@ -207,6 +207,7 @@ class Sampler:
             else:
                 scaled = self.to_host(logits[xp.asarray(slots)]).astype(np.float64)
                 scaled /= self.temperature
+                # token j after the prefix is the name's character n_start - 1 + j (bos is none)
                 nxt = draw(scaled, uniforms(self.seed, rows, n_start - 1 + j))
                 for r, token in zip(rows.tolist(), nxt.tolist()):
                     if token != bos:
