@@ -50,7 +50,7 @@ class SamplePanel(QGroupBox):
         self.samples_list.setResizeMode(QListView.Adjust)
         self.samples_list.setGridSize(QSize(130, 24))
         self.samples_list.setTextElideMode(Qt.ElideNone)
-        self.setMinimumHeight(190)
+        self.setMinimumHeight(215)  # the four settings, the buttons and a two-line info
 
         temperature = QHBoxLayout()
         temperature.addWidget(self.temperature_slider, 1)
