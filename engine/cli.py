@@ -26,7 +26,7 @@ from .config import PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
 from .futhark import build as futhark_build
 from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
-from .sampling import check_prefix_length, check_sample_args
+from .sampling import check_max_length, check_prefix_length, check_sample_args
 from .health import loss_warning
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
@@ -211,6 +211,9 @@ def build_parser() -> OneLineParser:
     demo.add_argument("--samples", type=positive_int, default=10, help="names to sample (default 10)")
     demo.add_argument("--temperature", type=positive_float, default=0.5, help="sampling temperature (default 0.5)")
     demo.add_argument("--prefix", default="", help="sampled names start with this text (default: none)")
+    demo.add_argument("--max-length", type=positive_int, metavar="N",
+                      help="sampled names stop at N characters, prefix included (default: the longest "
+                           "document plus 5, at most the preset's block_size)")
     demo.add_argument("--data", type=Path, help="text file, one document per line (default: makemore's names.txt)")
     demo.add_argument("--seed", type=non_negative_int, help="seed for initialisation and sampling (default: the preset's, 42)")
     demo.add_argument("--lr", type=positive_float, help="learning rate (default: the preset's)")
@@ -292,6 +295,8 @@ def run_demo(args) -> int:
     model, train = demo_configs(args)
     corpus = load_corpus(args.data)
     check_prefix(args.prefix, corpus, model.block_size)
+    if args.max_length is not None:
+        check_max_length(args.max_length, model.block_size, len(args.prefix), "--max-length")
     print(f"num docs: {len(corpus)}")
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
@@ -325,7 +330,8 @@ def run_demo(args) -> int:
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
               f"{1e3 * elapsed / args.steps:.3f} ms/step)")
         print("--- samples ---")
-        names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix)
+        names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix,
+                               max_length=args.max_length)
         for i, name in enumerate(names, start=1):
             print(f"sample {i:2d}: {name}")
     finally:

@@ -1,18 +1,28 @@
-"""Sampling names one position at a time over a key/value cache (NumPy and CuPy).
+"""Sampling names one position at a time over a key/value cache (NumPy and CuPy),
+and the one definition of sampling's randomness that every backend follows.
 
 A name starts as bos + prefix; at each position the next token is drawn from
 softmax(logits / temperature) by the inverse CDF of one uniform number, until
-bos or block_size tokens. The prefix runs through the model once, for one
-row, and its keys and values are copied to every row; after that each new
-token is one forward step (engine.model.forward with a KVCache) for all the
-rows still going, instead of recomputing every earlier position.
+bos or max_length characters (default_max_length: the longest training
+document plus MAX_LENGTH_MARGIN, at most block_size). The prefix runs through
+the model once, for one row, and its keys and values are copied to every row;
+after that each new token is one forward step (engine.model.forward with a
+KVCache) for all the rows still going, instead of recomputing every earlier
+position.
 
-The same seed gives the same names however the rows are grouped: row i's
-uniform number for its j-th drawn token is number j*N + i of
-default_rng(seed)'s stream (N = num_samples), which is what drawing
-rng.random(N) once per position for all rows gives, and a group of rows reads
-its numbers by jumping the generator there (PCG64.advance). So rows run in
-batches that bound memory:
+The draw (NumPy, CuPy and kernels/sample.fut alike, so a seed gives the same
+names on every backend):
+- key = splitmix64(splitmix64(splitmix64(seed) ^ sample) ^ position), where
+  splitmix64(x) is SplitMix64's output for the state x (add 0x9E3779B97F4A7C15,
+  then its mixing function), all mod 2**64; sample is the name's index in the
+  call (0 .. num_samples - 1) and position the index in the name of the
+  character being drawn (the prefix's characters count: the first drawn after
+  prefix "ka" is position 2); seed is taken mod 2**64;
+- u = (key >> 11) * 2**-53, a float64 in [0, 1);
+- p = softmax(float64(logits) / temperature), from the model's float32 logits;
+- the token is the number of entries of cumsum(p) below u (at most V - 1).
+A row's draws depend on nothing but its own (seed, sample, position), so the
+rows can be grouped any way; they run in batches that bound memory:
 - at most batch_rows(V) rows at once (their logits and drawing's temporaries);
 - a batch's cache starts small and doubles as its names get longer; where it
   would pass CACHE_LIMIT, the batch splits in two and the second half runs
@@ -39,6 +49,7 @@ from .errors import Cancelled
 from .model import KVCache, Weights, forward, linear
 
 MAX_SAMPLES = 10_000  # names per sample() call (see Backend.sample)
+MAX_LENGTH_MARGIN = 5  # default_max_length: characters beyond the longest training document
 CACHE_LIMIT = 512 << 20  # keys and values of the rows running together (2x while copied)
 DRAW_BYTES = 64 << 20  # logits of the rows running together, and drawing's temporaries
 CHUNK_BYTES = 64 << 20  # attention scores while the prefix runs
@@ -71,6 +82,31 @@ def check_prefix_length(prefix: str, block_size: int, name: str = "the prefix") 
         raise ValueError(f"{name} must be shorter than block_size ({block_size}), got {len(prefix)} characters")
 
 
+def longest_document(corpus) -> int:
+    """Characters in the corpus's longest document."""
+    return corpus.arrays.max_length - 2  # each document is stored as bos + characters + bos
+
+
+def default_max_length(longest: int, block_size: int, prefix_length: int = 0) -> int:
+    """The default max_length: the longer of the longest training document and the
+    prefix, plus MAX_LENGTH_MARGIN characters, at most block_size. (A model that
+    learned names of up to 15 characters has no use for names of hundreds; on
+    names.txt, tiny's block_size 16 is the cap, as in microgpt.)"""
+    return min(block_size, max(longest, prefix_length) + MAX_LENGTH_MARGIN)
+
+
+def check_max_length(max_length, block_size: int, prefix_length: int, name: str = "max_length") -> None:
+    """A max_length is a whole number from prefix_length + 1 (one drawn character) to block_size."""
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
+        raise ValueError(f"{name} must be a whole number, got {max_length!r}")
+    if max_length > block_size:
+        raise ValueError(f"{name} must be at most block_size ({block_size}), got {max_length}")
+    least = prefix_length + 1
+    if max_length < least:
+        what = f"longer than the prefix ({prefix_length} characters)" if prefix_length else "at least 1"
+        raise ValueError(f"{name} must be {what}, got {max_length}")
+
+
 def batch_rows(vocab_size: int) -> int:
     """Rows drawn together: as many as DRAW_BYTES of logits allow, at most MAX_BATCH_ROWS."""
     return max(1, min(MAX_BATCH_ROWS, DRAW_BYTES // (DRAW_BYTES_PER_LOGIT * vocab_size)))
@@ -88,8 +124,10 @@ def memory_bytes(model: ModelConfig, vocab_size: int) -> int:
 
 
 def draw(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """One token per row from softmax(logits): the first whose CDF passes the row's
-    uniform u. (In place after the first subtraction: one temporary the size of logits.)"""
+    """One token per row from softmax(logits) (float64, already divided by the
+    temperature): the number of CDF entries below the row's uniform u, as the
+    module doc defines. (In place after the first subtraction: one temporary the
+    size of logits.)"""
     cdf = logits - logits.max(axis=-1, keepdims=True)
     np.exp(cdf, out=cdf)
     cdf /= cdf.sum(axis=-1, keepdims=True)
@@ -97,35 +135,38 @@ def draw(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.minimum((cdf < u[:, None]).sum(axis=-1), logits.shape[-1] - 1)
 
 
-class Uniforms:
-    """The uniform numbers of the module doc: row i's for its j-th token is
-    number j*N + i of default_rng(seed)'s stream of doubles."""
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment
+KEY_SHIFT = 11  # a key's top 53 bits make the double
+UNIT = 2.0 ** -53
 
-    def __init__(self, seed: int, num_rows: int):
-        self._state = np.random.default_rng(seed).bit_generator.state
-        self._num_rows = num_rows
 
-    def take(self, j: int, rows: np.ndarray) -> np.ndarray:
-        """The numbers of the given rows (ascending) for their j-th token."""
-        lo, hi = int(rows[0]), int(rows[-1]) + 1
-        bits = np.random.PCG64(0)
-        bits.state = self._state
-        bits.advance(j * self._num_rows + lo)  # one double per 64-bit output
-        return np.random.Generator(bits).random(hi - lo)[rows - lo]
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output for the state x (uint64 array; wraps mod 2**64)."""
+    z = x + np.uint64(GOLDEN_GAMMA)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(seed: int, samples: np.ndarray, position: int) -> np.ndarray:
+    """The module doc's u for each of the samples (indices) at one position: float64 in [0, 1)."""
+    key = splitmix64(np.array([seed % 2**64], dtype=np.uint64))
+    key = splitmix64(key ^ np.asarray(samples, dtype=np.uint64))
+    key = splitmix64(key ^ np.uint64(position))
+    return (key >> np.uint64(KEY_SHIFT)).astype(np.float64) * UNIT
 
 
 class Sampler:
     """One sample() call: the prefix's keys and values, then the rows in batches."""
 
     def __init__(self, w: Weights, model: ModelConfig, xp, bos: int, temperature: float,
-                 seed: int, num_samples: int, prefix: list[int],
+                 seed: int, num_samples: int, prefix: list[int], max_length: int,
                  cancel: Callable[[], bool] | None, to_host: Callable):
         self.w, self.model, self.xp, self.bos = w, model, xp, bos
         self.temperature, self.cancel, self.to_host = temperature, cancel, to_host
-        self.uniforms = Uniforms(seed, num_samples)
-        self.num_samples = num_samples
+        self.seed, self.num_samples, self.max_length = seed, num_samples, max_length
         self.start = np.array([bos, *prefix], dtype=np.int64)
-        self.draws = model.block_size - len(prefix)  # tokens a name may still get
+        self.draws = max_length - len(prefix)  # tokens a name may still get
         self.bytes_per_token = KVCache.bytes_per_token(model)
         self.tokens = [[] for _ in range(num_samples)]  # what each row drew, bos excluded
         self.prefix_cache, self.prefix_logits = self._run_prefix()
@@ -165,7 +206,7 @@ class Sampler:
         many tokens they hold so far.
         """
         xp, w, bos, n_start = self.xp, self.w, self.bos, len(self.start)
-        block = self.model.block_size
+        block = self.max_length  # positions the cache may need
         capacity = min(block, max(FIRST_CAPACITY, n_start + replay + 1))
         split_off = []
         while not self._capacity_fits(len(rows), capacity):
@@ -182,7 +223,8 @@ class Sampler:
             else:
                 scaled = self.to_host(logits[xp.asarray(slots)]).astype(np.float64)
                 scaled /= self.temperature
-                nxt = draw(scaled, self.uniforms.take(j, rows))
+                # token j after the prefix is the name's character n_start - 1 + j (bos is none)
+                nxt = draw(scaled, uniforms(self.seed, rows, n_start - 1 + j))
                 for r, token in zip(rows.tolist(), nxt.tolist()):
                     if token != bos:
                         self.tokens[r].append(token)
@@ -208,10 +250,12 @@ class Sampler:
 
 
 def sample_ids(w: Weights, model: ModelConfig, xp, bos: int, num_samples: int, temperature: float,
-               seed: int, prefix: list[int], cancel: Callable[[], bool] | None = None,
+               seed: int, prefix: list[int], max_length: int, cancel: Callable[[], bool] | None = None,
                to_host: Callable = np.asarray) -> list[list[int]]:
-    """Token ids each of num_samples names draws after bos + prefix, without bos.
+    """Token ids each of num_samples names draws after bos + prefix, without bos:
+    at most max_length - len(prefix) of them.
 
     cancel() is polled once per position; when it returns True this raises Cancelled.
     """
-    return Sampler(w, model, xp, bos, temperature, seed, num_samples, prefix, cancel, to_host).run()
+    return Sampler(w, model, xp, bos, temperature, seed, num_samples, prefix, max_length, cancel,
+                   to_host).run()

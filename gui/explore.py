@@ -119,6 +119,7 @@ class ExploreTabs:
         self.run_record = RunRecord(f"run {len(self.run_list.runs) + 1}", info.backend, info.model, info.train,
                                     status="loaded" if from_checkpoint else "running")
         self.run_list.add_run(self.run_record)
+        self.sample_panel.set_block_size(info.model.block_size)
         self._update_snapshot_wish()
 
     def _explore_losses(self, losses: np.ndarray, first_step: int, seconds: float) -> None:

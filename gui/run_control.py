@@ -148,11 +148,12 @@ class RunControl:
         self._clear_run()
         self._end_run(then=None, serve_saves=False)
 
-    def request_samples(self, num_samples: int, temperature: float, seed: int) -> None:
+    def request_samples(self, num_samples: int, temperature: float, seed: int,
+                        max_length: int | None = None) -> None:
         if self.session is None or self.state not in w.HAS_MODEL:
             self.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
             return
-        self.session.worker.request_samples(num_samples, temperature, seed)
+        self.session.worker.request_samples(num_samples, temperature, seed, max_length=max_length)
 
     def _train_problem(self) -> str:
         if self.state == STOPPING:

@@ -1,4 +1,4 @@
-"""The sampling panel: temperature, number of samples, seed, Sample, the names, Copy."""
+"""The sampling panel: temperature, number of samples, seed, max length, Sample, the names, Copy."""
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
@@ -9,6 +9,8 @@ from PySide6.QtWidgets import (QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLis
 from .controls import take_seed
 
 TEMPERATURE_SCALE = 10  # slider ticks per unit: 1..20 is 0.1..2.0
+AUTO_LENGTH = 0  # the Max length box's "auto": the engine's default (Backend.default_max_length)
+MAX_LENGTH_LIMIT = 1_000_000  # the box's top until a model tells it its block_size
 
 
 class SamplePanel(QGroupBox):
@@ -17,7 +19,7 @@ class SamplePanel(QGroupBox):
     The Sample button is the window's to connect (it mirrors the Run menu's
     Sample action, which owns Ctrl+G); `request` is what it does."""
 
-    sampleRequested = Signal(int, float, int)  # number, temperature, seed
+    sampleRequested = Signal(int, float, int, object)  # number, temperature, seed, max length (None: auto)
 
     def __init__(self, parent=None):
         super().__init__("Samples", parent)
@@ -29,6 +31,11 @@ class SamplePanel(QGroupBox):
         self.count_spin = QSpinBox(objectName="sampleCountSpin", minimum=1, maximum=200, value=10)
         self.seed_spin = QSpinBox(objectName="sampleSeedSpin", minimum=0, maximum=2**31 - 1, value=0)
         self.seed_spin.setToolTip("Random seed of the sampler; it moves on by one after each Sample")
+        self.max_length_spin = QSpinBox(objectName="sampleMaxLengthSpin", minimum=AUTO_LENGTH,
+                                        maximum=MAX_LENGTH_LIMIT, value=AUTO_LENGTH)
+        self.max_length_spin.setSpecialValueText("auto")
+        self.max_length_spin.setToolTip("Names stop at this many characters; auto: the longest training "
+                                        "name plus 5, at most the model's block size")
         self.sample_button = QPushButton("Sample", objectName="sampleButton")
         self.copy_button = QPushButton("Copy", objectName="copyButton")
         self.copy_button.setToolTip("Copy the selected names (all if none is selected)")
@@ -43,7 +50,7 @@ class SamplePanel(QGroupBox):
         self.samples_list.setResizeMode(QListView.Adjust)
         self.samples_list.setGridSize(QSize(130, 24))
         self.samples_list.setTextElideMode(Qt.ElideNone)
-        self.setMinimumHeight(190)
+        self.setMinimumHeight(215)  # the four settings, the buttons and a two-line info
 
         temperature = QHBoxLayout()
         temperature.addWidget(self.temperature_slider, 1)
@@ -52,6 +59,7 @@ class SamplePanel(QGroupBox):
         form.addRow("Temperature", temperature)
         form.addRow("Names", self.count_spin)
         form.addRow("Seed", self.seed_spin)
+        form.addRow("Max length", self.max_length_spin)
         buttons = QHBoxLayout()
         buttons.addWidget(self.sample_button)
         buttons.addWidget(self.copy_button)
@@ -64,7 +72,7 @@ class SamplePanel(QGroupBox):
         layout = QHBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(self.samples_list, 1)
-        for control in (self.temperature_slider, self.count_spin, self.seed_spin):
+        for control in (self.temperature_slider, self.count_spin, self.seed_spin, self.max_length_spin):
             control.setMaximumWidth(160)
         self.temperature_slider.setMinimumWidth(120)
 
@@ -79,12 +87,23 @@ class SamplePanel(QGroupBox):
     def set_temperature(self, value: float) -> None:
         self.temperature_slider.setValue(round(value * TEMPERATURE_SCALE))
 
+    @property
+    def max_length(self) -> int | None:
+        """The names' length limit in characters; None: auto (the engine's default)."""
+        value = self.max_length_spin.value()
+        return None if value == AUTO_LENGTH else value
+
+    def set_block_size(self, block_size: int) -> None:
+        """The opened model's block_size: the longest a name can be (a larger choice comes down to it)."""
+        self.max_length_spin.setMaximum(block_size)
+
     def _show_temperature(self, value: int) -> None:
         self.temperature_label.setText(f"{value / TEMPERATURE_SCALE:.1f}")
 
     def request(self) -> None:
         """Emit sampleRequested with the current values; the seed then moves on by one."""
-        self.sampleRequested.emit(self.count_spin.value(), self.temperature, take_seed(self.seed_spin))
+        self.sampleRequested.emit(self.count_spin.value(), self.temperature, take_seed(self.seed_spin),
+                                  self.max_length)
 
     def show_samples(self, names: list[str], step: int) -> None:
         self.samples_list.clear()

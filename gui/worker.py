@@ -117,9 +117,10 @@ class TrainingWorker(QObject):
         self._commands.put(("end",))  # wakes a worker waiting for commands
 
     def request_samples(self, num_samples: int, temperature: float, seed: int,
-                        prefix: str | None = None) -> None:
-        """Names by `samples`; with a prefix (even ""), names that start with it by `prefixSamples`."""
-        self._commands.put(("sample", num_samples, temperature, seed, prefix))
+                        prefix: str | None = None, max_length: int | None = None) -> None:
+        """Names by `samples`; with a prefix (even ""), names that start with it by `prefixSamples`.
+        max_length None: the backend's default."""
+        self._commands.put(("sample", num_samples, temperature, seed, prefix, max_length))
 
     def want_snapshots(self, wanted: bool) -> None:
         """Whether to send parameter snapshots while training (an inspect panel is shown)."""
@@ -229,11 +230,12 @@ class TrainingWorker(QObject):
         elif name == "snapshot":
             self._send_snapshot()
 
-    def _sample(self, num_samples: int, temperature: float, seed: int, prefix: str | None) -> None:
+    def _sample(self, num_samples: int, temperature: float, seed: int, prefix: str | None,
+                max_length: int | None) -> None:
         self.call = f"sampling {num_samples} names"
         try:
             names = self.backend.sample(num_samples, temperature, seed, prefix=prefix or "",
-                                        cancel=self._interrupt.is_set)
+                                        cancel=self._interrupt.is_set, max_length=max_length)
         except engine.Cancelled:
             self.status.emit("Sampling cancelled")
             return

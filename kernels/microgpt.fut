@@ -175,8 +175,8 @@ entry grad_vjp [p][l][n][d] (s: model [l][n][d]) (w: weights [p]) (step: i64): (
   in vjp2 (loss s.dims s.layout inputs targets) w.params 1
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
--- and the prefix: row j holds the block_size - len(prefix) tokens drawn
--- after the prefix, then bos to the end.
+-- and the prefix, of at most max_length characters: row j holds the
+-- max_length - len(prefix) tokens drawn after the prefix, then bos to the end.
 entry sample [p][l][n][d][np] (s: model [l][n][d]) (w: weights [p]) (prefix: [np]i32) (num_samples: i64)
-                              (temperature: f32) (seed: i64) (first: i64): [num_samples][]i32 =
-  sample_tokens s.dims s.layout w.params prefix num_samples temperature seed first
+                              (temperature: f64) (seed: u64) (first: i64) (max_length: i64): [num_samples][]i32 =
+  sample_tokens s.dims s.layout w.params prefix num_samples temperature seed first max_length

@@ -4,31 +4,35 @@
 -- prefix again.
 --
 -- A name is bos, then the prefix, then tokens drawn from
--- softmax(logits / temperature) until bos or block_size positions.  The
--- draw after position i of sample j uses uniform(seed, j, i), so a batch
--- of samples gives the same names as any other split of the same indices.
+-- softmax(logits / temperature) until bos or max_length characters.  The
+-- draw of character i of sample j uses uniform seed j i, so a batch of
+-- samples gives the same names as any other split of the same indices.
+--
+-- The draw is engine/sampling.py's definition, written the same way there
+-- (NumPy, CuPy): a seed gives the same names on every backend.
 
 import "model"
 
--- | A 32-bit integer hash (Wellons' lowbias32): enough randomness for
--- sampling, with no package dependencies.
-def hash32 (x: u32): u32 =
-  let x = (x ^ (x >> 16)) * 0x7feb352d
-  let x = (x ^ (x >> 15)) * 0x846ca68b
-  in x ^ (x >> 16)
+-- | SplitMix64's output for the state x (Steele, Lea and Flood 2014).
+def splitmix64 (x: u64): u64 =
+  let z = x + 0x9e3779b97f4a7c15
+  let z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+  let z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+  in z ^ (z >> 31)
 
--- | A uniform number in [0, 1) for one (seed, sample, position).
-def uniform (seed: i64) (sample: i64) (position: i64): f32 =
-  let h = hash32 (u32.i64 seed ^ hash32 (u32.i64 (seed >> 32)))
-  let h = hash32 (h ^ u32.i64 sample)
-  let h = hash32 (h ^ u32.i64 position)
-  in f32.u32 (h >> 8) / 16777216
+-- | A uniform number in [0, 1) for one (seed, sample, position): the top
+-- 53 bits of the key over 2^53.
+def uniform (seed: u64) (sample: i64) (position: i64): f64 =
+  let key = splitmix64 (splitmix64 (splitmix64 seed ^ u64.i64 sample) ^ u64.i64 position)
+  in f64.u64 (key >> 11) / 9007199254740992  -- 2^53: exact, as NumPy's * 2**-53
 
--- | One token drawn from softmax(logits) by inverse CDF of u.
-def draw [v] (logits: [v]f32) (u: f32): i32 =
-  let top = f32.maximum logits
-  let e = map (\l -> f32.exp (l - top)) logits
-  let z = f32.sum e
+-- | One token drawn from softmax(logits / temperature), in f64, by inverse
+-- CDF of u: the number of CDF entries below u.
+def draw [v] (logits: [v]f32) (temperature: f64) (u: f64): i32 =
+  let scaled = map (\l -> f64.f32 l / temperature) logits
+  let top = f64.maximum scaled
+  let e = map (\l -> f64.exp (l - top)) scaled
+  let z = f64.sum e
   let cdf = scan (+) 0 (map (/ z) e)
   let below = i64.sum (map (\c -> i64.bool (c < u)) cdf)
   in i32.i64 (i64.min below (v - 1))
@@ -80,17 +84,18 @@ def decode_step [p][l][n][s][c] (d: dims) (layout: []i64) (flat: [p]f32) (pos: i
 def first_capacity: i64 = 32
 
 -- | num_samples names, samples first .. first + num_samples - 1, after bos
--- and the prefix: row j holds the block_size - len(prefix) tokens drawn
--- after the prefix, bos from the sample's end on.
+-- and the prefix: row j holds the max_length - len(prefix) tokens drawn
+-- after the prefix, bos from the sample's end on.  The caller checks
+-- len(prefix) < max_length <= block_size.
 --
 -- Only the samples still running are computed: when some finish, the
 -- others' caches are gathered into a smaller batch (an untrained model
 -- writes names of hundreds of tokens, a few of which would otherwise keep
 -- every finished sample running).
 def sample_tokens [p][np] (d: dims) (layout: []i64) (flat: [p]f32) (prefix: [np]i32)
-                          (num_samples: i64) (temperature: f32) (seed: i64) (first: i64)
+                          (num_samples: i64) (temperature: f64) (seed: u64) (first: i64) (max_length: i64)
                           : [num_samples][]i32 =
-  let (b, c, nl) = (d.block_size, d.n_embd, d.n_layer)
+  let (b, c, nl) = (i64.min max_length d.block_size, d.n_embd, d.n_layer)  -- b: positions used
   let bos = i32.i64 (d.vocab - 1)
   let width = b - np
   let cap0 = i64.min b (i64.max first_capacity (np + 1))
@@ -115,7 +120,7 @@ def sample_tokens [p][np] (d: dims) (layout: []i64) (flat: [p]f32) (prefix: [np]
       let (logits, cache) = decode_step d layout flat pos tokens cache
       in if pos < np
          then (cache, drawn, active, last, pos + 1)
-         else let next = map2 (\j l -> draw (map (/ temperature) l) (uniform seed (first + j) pos))
+         else let next = map2 (\j l -> draw l temperature (uniform seed (first + j) pos))
                               active logits
               let row = scatter (replicate num_samples bos) active next
               let going = filter (\a -> next[a] != bos) (iota n)

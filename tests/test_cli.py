@@ -143,6 +143,38 @@ def test_demo_rejects_a_prefix_it_cannot_sample_before_training(prefix, message,
     assert "step " not in out
 
 
+def test_demo_max_length_cuts_the_names_as_the_engine_does(tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--steps", "5", "--samples", "12", "--prefix", "k",
+                          "--max-length", "3", "--temperature", "2", "--seed", "4"], capsys)
+    assert code == 0, err
+    names = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
+    preset = engine.PRESETS["tiny"].with_steps(5)
+    backend = engine.open_backend("numpy", preset.model, replace(preset.train, seed=4),
+                                  engine.Corpus.from_file(data))
+    backend.train(5)
+    assert names == backend.sample(12, 2.0, 4, prefix="k", max_length=3)
+    assert max(map(len, names)) == 3  # at temperature 2 some names reach the cap
+    # without the flag: the longest document ("olivia", "sophia") plus 5
+    code, out, err = run(["demo", "--data", str(data), "--steps", "5", "--samples", "40", "--temperature", "2",
+                          "--seed", "4"], capsys)
+    names = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
+    assert code == 0 and max(map(len, names)) == 6 + 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-length", "17"], "--max-length must be at most block_size (16), got 17"),
+    (["--max-length", "0"], "--max-length must be at least 1, got 0"),
+    (["--max-length", "ten"], "--max-length must be a whole number, got 'ten'"),
+    (["--max-length", "2", "--prefix", "ka"], "--max-length must be longer than the prefix (2 characters), got 2"),
+])
+def test_demo_rejects_a_bad_max_length_before_training(argv, message, tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--steps", "5", *argv], capsys)
+    assert (code, err) == (2, f"error: {message}\n")
+    assert "step " not in out
+
+
 def test_demo_warns_when_the_loss_climbs_far_above_ln_v(tmp_path, capsys):
     data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
     code, out, err = run(["demo", "--data", str(data), "--steps", "200", "--lr", "10", "--samples", "1"], capsys)

@@ -14,6 +14,7 @@ from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, Tra
 from engine.backends.numpy_backend import NumpyBackend
 
 from cupy_support import assert_same_state, poisoned_params
+from sampling_support import assert_same_up_to_boundaries
 
 
 def _gpu_reason():
@@ -73,6 +74,24 @@ def test_gpu_parity_with_numpy_over_50_steps(cupy, names_corpus, preset_name):
         # Adam divides by sqrt(v): a gradient near zero amplifies float32 rounding, hence 1e-3 here
         np.testing.assert_allclose(dev.get_state().params, ref.get_state().params, rtol=0, atol=1e-3)
         assert dev.step == ref.step == 50
+    finally:
+        dev.close()
+
+
+@gpu
+def test_gpu_samples_equal_numpys_for_the_same_seed(cupy, names_corpus):
+    """engine.sampling's draw on the GPU backend: NumPy's names from the same
+    parameters, up to draws within rounding of a CDF boundary."""
+    preset = PRESETS["tiny"].with_steps(300)
+    ref = NumpyBackend(preset.model, preset.train, names_corpus)
+    ref.train(300)
+    dev = open_backend("cupy", preset.model, preset.train, names_corpus)
+    try:
+        dev.set_state(ref.get_state(), ref.loss_history)
+        for count, temperature, seed, prefix, max_length in [(6000, 0.5, 0, "", None), (2000, 1.5, 3, "ka", 9)]:
+            want = ref.sample(count, temperature, seed, prefix=prefix, max_length=max_length)
+            got = dev.sample(count, temperature, seed, prefix=prefix, max_length=max_length)
+            assert_same_up_to_boundaries(ref, want, got, temperature, seed, prefix, max_length, most=1)
     finally:
         dev.close()
 

@@ -9,8 +9,9 @@ and uneven; 0: a GPU's thread per position and column), each run here by the
 sequential C build. It is read from training itself: with beta1 = 0, Adam's
 first moment after a step is exactly that step's gradient
 (m = 0 * m + 1 * g). Samples must equal
-tests/futhark_support.py's reference: the kernel's RNG in Python, NumPy's
-full forward pass for every token, an inverse-CDF draw.
+tests/futhark_support.py's reference: engine/sampling.py's generator in pure
+Python (tests/rng_reference.py), NumPy's full forward pass for every token,
+the float64 inverse-CDF draw; and stop at max_length.
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def test_samples_equal_the_reference(name, model_name, seed, temperature, prefix
     backend = _trained(name, model, names_corpus)
     try:
         start = names_corpus.encode(prefix)
-        got = backend._sample_ids(25, temperature, seed, start, None)
+        got = backend._sample_ids(25, temperature, seed, start, None, max_length=model.block_size)
         expected = reference_samples(backend.get_state().params, backend.specs, model, names_corpus.bos,
                                      25, temperature, seed, start)
         assert got == expected
@@ -139,11 +140,30 @@ def test_long_samples_grow_the_cache_and_match_the_reference(names_corpus):
     model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=64)
     backend = open_backend("futhark-c", model, TrainConfig(num_steps=10), names_corpus)
     try:
-        got = backend._sample_ids(30, 4.0, 5, [], None)
+        got = backend._sample_ids(30, 4.0, 5, [], None, max_length=model.block_size)
         lengths = [len(sample) for sample in got]
         assert max(lengths) > 40 and min(lengths) < 10
         assert got == reference_samples(backend.get_state().params, backend.specs, model,
                                         names_corpus.bos, 30, 4.0, 5)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_names_stop_at_max_length(name, names_corpus):
+    """The kernel stops at max_length (prefix included): an untrained model's
+    names at a high temperature reach it, and equal the reference's cut there."""
+    model = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=64)
+    backend = open_backend(name, model, TrainConfig(num_steps=10), names_corpus)
+    try:
+        prefix = names_corpus.encode("ka")
+        got = backend._sample_ids(30, 4.0, 5, prefix, None, max_length=9)
+        assert max(map(len, got)) == 9 - 2
+        assert got == reference_samples(backend.get_state().params, backend.specs, model,
+                                        names_corpus.bos, 30, 4.0, 5, prefix, max_length=9)
+        # by default: names.txt's longest name (15 characters) plus 5
+        assert backend.default_max_length() == 20
+        assert max(map(len, backend.sample(30, 4.0, 5))) == 20
     finally:
         backend.close()
 

@@ -19,7 +19,8 @@ from ..errors import BackendError, TrainingDiverged
 from ..memory import available_memory_bytes, format_bytes, format_count, grown, limit_note
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
-from ..sampling import check_prefix_length, check_sample_args, memory_bytes as sampling_memory_bytes
+from ..sampling import (check_max_length, check_prefix_length, check_sample_args, default_max_length,
+                        longest_document, memory_bytes as sampling_memory_bytes)
 
 
 @dataclass
@@ -140,11 +141,13 @@ class Backend(ABC):
 
     @abstractmethod
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
-                    cancel: Callable[[], bool] | None) -> list[list[int]]:
-        """Token ids each sample generates after bos + prefix, without bos tokens.
+                    cancel: Callable[[], bool] | None, *, max_length: int) -> list[list[int]]:
+        """Token ids each sample generates after bos + prefix, without bos tokens,
+        drawn as engine.sampling's module doc defines (the same on every backend).
 
-        At most block_size - len(prefix) tokens each. Where the backend can, it
-        calls cancel() between positions and raises Cancelled when it is true.
+        At most max_length - len(prefix) tokens each (max_length <= block_size,
+        checked). Where the backend can, it calls cancel() between positions and
+        raises Cancelled when it is true.
         """
 
     @abstractmethod
@@ -196,19 +199,30 @@ class Backend(ABC):
         return losses
 
     def sample(self, num_samples: int = 10, temperature: float = 0.5, seed: int = 0, prefix: str = "",
-               cancel: Callable[[], bool] | None = None) -> list[str]:
+               cancel: Callable[[], bool] | None = None, max_length: int | None = None) -> list[str]:
         """Generate names that start with prefix: feed bos + prefix, then draw from
-        softmax(logits / temperature) until bos or block_size tokens.
+        softmax(logits / temperature) until bos or max_length characters (prefix
+        included; None: default_max_length(), the longest training document plus
+        a few characters, at most block_size).
 
+        The same arguments give the same names on every backend (engine.sampling).
         cancel, if given, is polled during the call; when it returns True the call
         raises Cancelled (the training state is never changed by sampling)."""
         check_sample_args(num_samples, temperature, seed)
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a string, got {prefix!r}")
         check_prefix_length(prefix, self.model.block_size)
+        if max_length is None:
+            max_length = self.default_max_length(len(prefix))
+        check_max_length(max_length, self.model.block_size, len(prefix))
         prefix_ids = self.corpus.encode(prefix)
-        ids = self._sample_ids(int(num_samples), float(temperature), int(seed), prefix_ids, cancel)
+        ids = self._sample_ids(int(num_samples), float(temperature), int(seed), prefix_ids, cancel,
+                               max_length=int(max_length))
         return [prefix + self.corpus.decode(sample) for sample in ids]
+
+    def default_max_length(self, prefix_length: int = 0) -> int:
+        """sample()'s max_length when none is given (engine.sampling.default_max_length)."""
+        return default_max_length(longest_document(self.corpus), self.model.block_size, prefix_length)
 
     def get_params(self) -> dict[str, np.ndarray]:
         return unflatten(self._get_state().params, self.specs)

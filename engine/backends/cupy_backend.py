@@ -350,10 +350,12 @@ class CupyBackend(NumpyBackend):
             f" Training stopped after step {self._step}; the parameters from then are kept."))
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
-                    cancel=None) -> list[list[int]]:
+                    cancel=None, *, max_length: int) -> list[list[int]]:
         self._check_open()
         try:
-            return super()._sample_ids(num_samples, temperature, seed, prefix, cancel)
+            # NumPy's sampler with xp = cupy: the model runs on the GPU, the draw
+            # (engine.sampling's definition) on the host copies of the logits
+            return super()._sample_ids(num_samples, temperature, seed, prefix, cancel, max_length=max_length)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise

@@ -140,10 +140,11 @@ class FutharkBackend(Backend):
         return losses_until_divergence(losses)
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
-                    cancel=None) -> list[list[int]]:
+                    cancel=None, *, max_length: int) -> list[list[int]]:
         """Samples in batches (a kernel call cannot be interrupted: cancel is
-        polled between them); sample j's draws depend only on (seed, j), so the
-        batches give the same names as one call."""
+        polled between them); sample j's draws depend only on (seed, j) (the
+        kernel's uniform is engine.sampling's), so the batches give the same
+        names as one call, and as NumPy."""
         start = np.asarray(prefix, dtype=np.int32)
         batch = sample_batch(self.model, num_samples)
         samples = []
@@ -152,7 +153,7 @@ class FutharkBackend(Backend):
                 raise Cancelled("sampling was cancelled")
             count = min(batch, num_samples - first)
             rows = self._values(self._call("sample", self._model, self._current_weights(), start, count,
-                                           temperature, seed % 2**63, first))
+                                           temperature, seed % 2**64, first, max_length))
             samples += sample_rows_to_ids(rows, self.corpus.bos)
         return samples
 

@@ -106,9 +106,9 @@ class NumpyBackend(Backend):
         return self._to_host(losses)
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
-                    cancel=None) -> list[list[int]]:
+                    cancel=None, *, max_length: int) -> list[list[int]]:
         return sample_ids(self.w, self.model, self.xp, self.corpus.bos, num_samples, temperature,
-                          seed, prefix, cancel, self._to_host)
+                          seed, prefix, max_length, cancel, self._to_host)
 
     def _get_state(self) -> TrainState:
         return TrainState(self._to_host(self.p), self._to_host(self.m), self._to_host(self.v), self._step)

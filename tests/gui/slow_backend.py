@@ -52,7 +52,7 @@ class SlowBackend(NumpyBackend):
         time.sleep(self.delays.train_s)
         return super()._train_steps(k)
 
-    def _sample_ids(self, num_samples, temperature, seed, prefix, cancel=None):
+    def _sample_ids(self, num_samples, temperature, seed, prefix, cancel=None, *, max_length):
         self._count("sample_started")
         deadline = time.monotonic() + self.delays.sample_s
         while time.monotonic() < deadline:
@@ -62,7 +62,7 @@ class SlowBackend(NumpyBackend):
         if not self.delays.cancellable:
             cancel = None
         if self.num_params <= SMALL_MODEL:
-            ids = super()._sample_ids(num_samples, temperature, seed, prefix, cancel)
+            ids = super()._sample_ids(num_samples, temperature, seed, prefix, cancel, max_length=max_length)
         else:
             rng = np.random.default_rng(seed)
             ids = [rng.integers(0, self.corpus.bos, rng.integers(1, 8)).tolist() for _ in range(num_samples)]
