@@ -49,7 +49,8 @@ MAX_NUM_STEPS = 10**12
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """microgpt's Adam with a linearly decaying learning rate."""
+    """microgpt's Adam with a linearly decaying learning rate, optionally after a
+    linear warm-up (warmup_steps; 0, microgpt's, starts at the full rate)."""
 
     num_steps: int = 1000
     learning_rate: float = 0.01
@@ -58,6 +59,7 @@ class TrainConfig:
     eps: float = 1e-8
     init_std: float = 0.08
     seed: int = 42
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int):
@@ -69,6 +71,10 @@ class TrainConfig:
                              f"step), got {self.num_steps:,}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):
+            raise ValueError(f"warmup_steps must be a whole number of steps, got {self.warmup_steps!r}")
+        if not 0 <= self.warmup_steps <= MAX_NUM_STEPS:
+            raise ValueError(f"warmup_steps must be between 0 and 10^12, got {self.warmup_steps:,}")
         checks = {
             "learning_rate": lambda x: x > 0,
             "init_std": lambda x: x > 0,
@@ -86,9 +92,22 @@ class TrainConfig:
                 bound = "in [0, 1)" if name.startswith("beta") else "positive"
                 raise ValueError(f"{name} must be {bound}, got {value}")
 
+    def lr_factor(self, step: int) -> float:
+        """The schedule, as a fraction of learning_rate at `step` (counted from 0):
+        min(1, (step + 1) / warmup_steps) * (1 - step / num_steps).
+
+        The warm-up ramps linearly to the full rate at step warmup_steps - 1 (a
+        warm-up longer than the run never reaches it); microgpt's linear decay to
+        0 at num_steps multiplies it throughout. The Futhark kernel's
+        adam_scalars computes the same in f64 (tests hold them equal)."""
+        decay = 1 - step / self.num_steps
+        if self.warmup_steps == 0:  # microgpt's schedule, bit for bit
+            return decay
+        return min(1.0, (step + 1) / self.warmup_steps) * decay
+
     def lr_at(self, step: int) -> float:
-        """microgpt's schedule: linear decay from learning_rate to 0 at num_steps."""
-        return self.learning_rate * (1 - step / self.num_steps)
+        """The learning rate of training step `step`: learning_rate * lr_factor(step)."""
+        return self.learning_rate * self.lr_factor(step)
 
 
 @dataclass(frozen=True)
