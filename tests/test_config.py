@@ -162,6 +162,7 @@ def test_named_param_counts_from_the_issue():
 def test_tiny_keeps_microgpts_hyperparameters():
     tc = PRESETS["tiny"].train
     assert (tc.learning_rate, tc.init_std, tc.beta1, tc.beta2, tc.eps) == (0.01, 0.08, 0.85, 0.99, 1e-8)
+    assert tc.warmup_steps == 0  # microgpt's schedule: the full rate from the first step
 
 
 def test_larger_presets_use_smaller_steps_than_microgpt():
