@@ -1,5 +1,6 @@
-"""The larger presets train sensibly from their first steps (slow: a
-gpt2-small run of 20 steps, about 10 s unloaded on NumPy)."""
+"""The larger presets train sensibly from their first steps (slow: 20
+gpt2-small steps on NumPy, about 8 s on an idle 2-core machine, 6 minutes
+under a load of 12)."""
 from __future__ import annotations
 
 import math
