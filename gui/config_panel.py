@@ -186,7 +186,8 @@ class ConfigPanel(QWidget):
             self.lr_spin.setValue(train.learning_rate)
             self.std_spin.setValue(train.init_std)
             self.seed_spin.setValue(train.seed)
-            self.warmup_spin.setValue(train.warmup_steps)
+            # a checkpoint's may exceed the field's int range (setValue would raise)
+            self.warmup_spin.setValue(min(train.warmup_steps, self.warmup_spin.maximum()))
         finally:
             self._filling = False
         self._on_changed()

@@ -32,6 +32,13 @@ def test_a_loaded_runs_warmup_is_shown(qtbot):
     assert panel.warmup_spin.value() == 25 and panel.train_config() == train
 
 
+def test_a_warmup_beyond_the_field_is_shown_at_its_maximum(qtbot):
+    """A checkpoint may hold up to 10^12 warm-up steps, past a spin box's int range."""
+    panel = make_panel(qtbot)
+    panel.set_configs(engine.ModelConfig(), engine.TrainConfig(num_steps=500, warmup_steps=10**12))
+    assert panel.warmup_spin.value() == panel.warmup_spin.maximum()
+
+
 def test_the_warmup_persists_in_the_settings(qtbot, tmp_path):
     settings = QSettings(str(tmp_path / "panel.ini"), QSettings.IniFormat)
     panel = make_panel(qtbot)
