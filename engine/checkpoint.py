@@ -41,6 +41,9 @@ except ImportError:  # Windows: a file being written cannot be deleted there any
 FORMAT_VERSION = 1
 _PARAM_ARRAYS = ("params", "m", "v")
 _CONFIGS = (("model.", ModelConfig), ("train.", TrainConfig))
+# fields added since format 1: a checkpoint written before one existed holds no
+# such member and loads it at its default (those runs had none of it)
+_ADDED_FIELDS = frozenset({"train.warmup_steps"})
 NPY_HEADER_BYTES = 4096  # the most a member's .npy header may take
 SCALAR_BYTES = NPY_HEADER_BYTES + 64
 
@@ -226,7 +229,8 @@ def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format {version}; this version reads {FORMAT_VERSION}")
     try:
-        model, train = (config(**{f.name: value(prefix + f.name) for f in fields(config)})
+        model, train = (config(**{f.name: value(prefix + f.name) for f in fields(config)
+                                  if prefix + f.name in members})
                         for prefix, config in _CONFIGS)
     except ValueError as exc:
         if isinstance(exc, CheckpointError):
@@ -278,7 +282,7 @@ def _members(z: zipfile.ZipFile, path: Path, kinds: dict[str, str]) -> dict[str,
             raise CheckpointError(f"{path}: '{key}' appears twice")
         members[key] = info
     for key in kinds:
-        if key not in members:
+        if key not in members and key not in _ADDED_FIELDS:
             raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has no '{key}'")
     return members
 

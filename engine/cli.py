@@ -22,7 +22,7 @@ import numpy as np
 
 from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
-from .config import PRESETS, get_preset
+from .config import MAX_NUM_STEPS, PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus
 from .futhark import build as futhark_build
 from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
@@ -81,6 +81,14 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return whole_number(text, 0)
+
+
+def step_count(text: str) -> int:
+    """A non-negative number of steps, at most TrainConfig's cap."""
+    value = whole_number(text, 0)
+    if value > MAX_NUM_STEPS:
+        raise argparse.ArgumentTypeError(f"must be at most 10^12, got {value:,}")
+    return value
 
 
 def number(text: str, positive: bool) -> float:
@@ -218,6 +226,9 @@ def build_parser() -> OneLineParser:
     demo.add_argument("--seed", type=non_negative_int, help="seed for initialisation and sampling (default: the preset's, 42)")
     demo.add_argument("--lr", type=positive_float, help="learning rate (default: the preset's)")
     demo.add_argument("--init-std", type=positive_float, help="initial weight std (default: the preset's)")
+    demo.add_argument("--warmup-steps", type=step_count, metavar="N",
+                      help="raise the learning rate linearly over the first N steps "
+                           "(default: the preset's, 0 but for gpt2-small)")
 
     default = bench.Budget()
     bench_cmd = commands.add_parser(
@@ -290,6 +301,10 @@ def check_prefix(prefix: str, corpus, block_size: int) -> None:
     check_prefix_length(prefix, block_size, "--prefix")
 
 
+def warmup_note(train) -> str:
+    return f" (warm-up {train.warmup_steps:,} steps)" if train.warmup_steps else ""
+
+
 def run_demo(args) -> int:
     check_backend(args.backend)  # before the dataset: a wrong name fails at once
     model, train = demo_configs(args)
@@ -309,7 +324,8 @@ def run_demo(args) -> int:
     try:
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
-              f"backend {args.backend}, lr {train.learning_rate:g}, init_std {train.init_std:g}, seed {train.seed}")
+              f"backend {args.backend}, lr {train.learning_rate:g}{warmup_note(train)}, "
+              f"init_std {train.init_std:g}, seed {train.seed}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
         report_every = max(1, args.steps // 10)
         warned = False

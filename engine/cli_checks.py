@@ -14,7 +14,8 @@ from .sampling import check_sample_args
 
 # The engine's names for what a flag sets: its messages are shown with the flag typed.
 DEMO_FLAGS = {"num_steps": "--steps", "num_samples": "--samples", "learning_rate": "--lr",
-              "init_std": "--init-std", "seed": "--seed", "temperature": "--temperature"}
+              "init_std": "--init-std", "seed": "--seed", "temperature": "--temperature",
+              "warmup_steps": "--warmup-steps"}
 BENCH_FLAGS = {"num_samples": "--sample-names"}
 
 
@@ -32,7 +33,8 @@ def demo_configs(args):
     try:
         preset = get_preset(args.preset).with_steps(args.steps)
         overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
-                                       ("seed", args.seed)) if v is not None}
+                                       ("seed", args.seed), ("warmup_steps", args.warmup_steps))
+                     if v is not None}
         train = replace(preset.train, **overrides)
         check_sample_args(args.samples, args.temperature, train.seed)
     except ValueError as exc:

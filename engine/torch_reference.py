@@ -85,8 +85,8 @@ class TorchReference:
         self.num_params = sum(p.numel() for p in self.net.parameters())
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=train.learning_rate,
                                           betas=(train.beta1, train.beta2), eps=train.eps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda t: 1 - t / train.num_steps)
+        # the schedule's one definition (warm-up, then microgpt's linear decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, train.lr_factor)
         self.step = 0
 
     def train(self, k: int) -> np.ndarray:

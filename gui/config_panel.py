@@ -111,12 +111,17 @@ class ConfigPanel(QWidget):
         self.std_spin = QDoubleSpinBox(objectName="initStdSpin", decimals=4, minimum=LIMITS["train.init_std"][0],
                                        maximum=LIMITS["train.init_std"][1], singleStep=0.01)
         self.seed_spin = QSpinBox(objectName="seedSpin", minimum=0, maximum=LIMITS["train.seed"][1])
+        self.warmup_spin = QSpinBox(objectName="warmupStepsSpin", minimum=0, maximum=LIMITS["train.warmup_steps"][1])
+        self.warmup_spin.setGroupSeparatorShown(True)
+        self.warmup_spin.setSpecialValueText("none")  # 0: microgpt's schedule, full rate from step 1
+        self.warmup_spin.setToolTip("Steps over which the learning rate rises linearly to its full value")
         train_box = QGroupBox("Training")
         train_form = QFormLayout(train_box)
         train_form.addRow("Steps", self.steps_spin)
         train_form.addRow("Learning rate", self.lr_spin)
         train_form.addRow("Init std", self.std_spin)
         train_form.addRow("Seed", self.seed_spin)
+        train_form.addRow("Warm-up steps", self.warmup_spin)
 
         # backend
         self.backend_combo = QComboBox(objectName="backendCombo")
@@ -182,6 +187,8 @@ class ConfigPanel(QWidget):
             self.lr_spin.setValue(train.learning_rate)
             self.std_spin.setValue(train.init_std)
             self.seed_spin.setValue(train.seed)
+            # a checkpoint's may exceed the field's int range (setValue would raise)
+            self.warmup_spin.setValue(min(train.warmup_steps, self.warmup_spin.maximum()))
         finally:
             self._filling = False
         self._on_changed()
@@ -206,7 +213,8 @@ class ConfigPanel(QWidget):
 
     def train_config(self) -> engine.TrainConfig:
         return engine.TrainConfig(num_steps=self.steps_spin.value(), learning_rate=self.lr_spin.value(),
-                                  init_std=self.std_spin.value(), seed=self.seed_spin.value())
+                                  init_std=self.std_spin.value(), seed=self.seed_spin.value(),
+                                  warmup_steps=self.warmup_spin.value())
 
     def problem(self) -> str:
         """Why Train cannot start with these settings ('' when it can)."""
@@ -249,7 +257,7 @@ class ConfigPanel(QWidget):
     def _named_spins(self) -> list[tuple[str, QSpinBox | QDoubleSpinBox]]:
         """Every config field, by its engine name (also its settings key)."""
         return [*self.fields.items(), ("num_steps", self.steps_spin), ("learning_rate", self.lr_spin),
-                ("init_std", self.std_spin), ("seed", self.seed_spin)]
+                ("init_std", self.std_spin), ("seed", self.seed_spin), ("warmup_steps", self.warmup_spin)]
 
     def save_settings(self, settings) -> None:
         settings.setValue("preset", self.preset_combo.currentText())

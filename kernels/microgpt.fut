@@ -136,11 +136,12 @@ def train_steps [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weight
 
 entry new_model [l][n][d]
     (n_embd: i64) (n_layer: i64) (n_head: i64) (block_size: i64) (vocab: i64)
-    (learning_rate: f64) (beta1: f64) (beta2: f64) (eps: f64) (num_steps: i64) (blocks: i64)
+    (learning_rate: f64) (beta1: f64) (beta2: f64) (eps: f64) (num_steps: i64)
+    (warmup_steps: i64) (blocks: i64)
     (layout: [l]i64) (tokens: [n]i32) (offsets: [d]i64) (lengths: [d]i32)
     : model [l][n][d] =
   let dims = {n_embd, n_layer, n_head, block_size, vocab}
-  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps}, blocks, layout, tokens, offsets,
+  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps, warmup_steps}, blocks, layout, tokens, offsets,
       windows = map (\length -> i64.min block_size (i64.i32 length - 1)) lengths}
 
 -- | Weights for the model from host arrays, once the layout is checked to

@@ -212,8 +212,17 @@ def update_all [p][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources
 
 -- * Adam
 
--- | microgpt's Adam with a linearly decaying learning rate.
-type adam = {learning_rate: f64, beta1: f64, beta2: f64, eps: f64, num_steps: i64}
+-- | microgpt's Adam with a linearly decaying learning rate, after a linear
+-- warm-up of warmup_steps steps (0: none, microgpt's schedule).
+type adam = {learning_rate: f64, beta1: f64, beta2: f64, eps: f64, num_steps: i64, warmup_steps: i64}
+
+-- | The learning rate at `step` as a fraction of learning_rate, as
+-- engine.config.TrainConfig.lr_factor computes it:
+-- min(1, (step + 1) / warmup_steps) * (1 - step / num_steps).
+def lr_factor (a: adam) (step: i64): f64 =
+  let decay = 1 - f64.i64 step / f64.i64 a.num_steps
+  in if a.warmup_steps == 0 then decay
+     else f64.min 1 (f64.i64 (step + 1) / f64.i64 a.warmup_steps) * decay
 
 -- | Adam's per-step scalars at `step` (counted from 0), computed in f64 and
 -- rounded to f32 as engine.model.adam_scales does.
@@ -221,7 +230,7 @@ type adam_scalars = {b1: f32, c1: f32, b2: f32, c2: f32, v_scale: f32, eps_scale
 
 def adam_scalars (a: adam) (step: i64): adam_scalars =
   let t = f64.i64 (step + 1)
-  let lr_t = a.learning_rate * (1 - f64.i64 step / f64.i64 a.num_steps)
+  let lr_t = a.learning_rate * lr_factor a step
   let step_size = lr_t / (1 - a.beta1 ** t)
   in {b1 = f32.f64 a.beta1, c1 = f32.f64 (1 - a.beta1), b2 = f32.f64 a.beta2, c2 = f32.f64 (1 - a.beta2),
       v_scale = f32.f64 (f64.sqrt (1 / (1 - a.beta2 ** t)) / step_size),

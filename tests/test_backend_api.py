@@ -65,6 +65,20 @@ def test_training_stops_at_num_steps(small_corpus, small_model):
     assert len(b.loss_history) == 5
 
 
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_each_step_moves_a_parameter_by_at_most_its_scheduled_rate(small_corpus, small_model, warmup):
+    """Adam's first step moves every parameter by lr_t * g / (|g| + eps), just
+    under lr_t wherever the gradient is not tiny: a warm-up of W steps makes
+    it lr / W (why gpt2-small's first steps no longer overfit one name)."""
+    train = TrainConfig(num_steps=20, learning_rate=0.01, warmup_steps=warmup)
+    b = open_numpy(small_model, train, small_corpus)
+    before = b.get_state().params
+    b.train(1)
+    moved = np.abs(b.get_state().params.astype(np.float64) - before)
+    lr_0 = 0.01 / (warmup or 1)
+    assert moved.max() <= lr_0 * (1 + 1e-5) and np.median(moved) > 0.9 * lr_0
+
+
 @pytest.mark.parametrize("k", [0, -1, 2.0, True, "3", None])
 def test_train_rejects_bad_step_counts(small_corpus, small_model, short_train, k):
     b = open_numpy(small_model, short_train, small_corpus)

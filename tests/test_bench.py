@@ -146,15 +146,18 @@ def test_leaving_the_block_cancels_a_running_measurement(tmp_path):
     assert measurement.poll().status == "cancelled"
 
 
-def test_torch_reference_matches_the_numpy_backend():
+@pytest.mark.parametrize("warmup", [0, 15])
+def test_torch_reference_matches_the_numpy_backend(warmup):
     """Two independent implementations (autograd + torch.optim.Adam vs the
-    hand-written backward and Adam) give the same losses step by step."""
+    hand-written backward and Adam) give the same losses step by step, with
+    microgpt's schedule and with a warm-up."""
     pytest.importorskip("torch", reason="PyTorch is optional; the comparison needs it")
     from engine.torch_reference import TorchReference
 
     corpus = engine.Corpus.from_lines(DOCS)
     model = engine.ModelConfig(n_embd=24, n_layer=2, n_head=3, block_size=8)  # truncates long names
-    train = replace(engine.TrainConfig(num_steps=40), learning_rate=0.01, init_std=0.1, seed=5)
+    train = replace(engine.TrainConfig(num_steps=40), learning_rate=0.01, init_std=0.1, seed=5,
+                    warmup_steps=warmup)
     ours = engine.open_backend("numpy", model, train, corpus).train(40)
     theirs = TorchReference(model, train, corpus).train(40)
     assert np.isfinite(ours).all() and ours[-10:].mean() < ours[:10].mean()

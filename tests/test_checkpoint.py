@@ -35,6 +35,18 @@ def test_checkpoint_holds_configs_vocab_docs_and_moments(run, saved, small_corpu
     assert np.array_equal(ck.losses, run.loss_history)
 
 
+def test_a_run_saved_during_its_warmup_resumes_on_the_same_schedule(small_corpus, small_model, tmp_path):
+    train = TrainConfig(num_steps=30, learning_rate=0.02, seed=9, warmup_steps=10)
+    expected = open_backend("numpy", small_model, train, small_corpus).train(12)
+    first = open_backend("numpy", small_model, train, small_corpus)
+    first.train(4)
+    first.save(tmp_path / "warm.npz")
+    assert read_checkpoint(tmp_path / "warm.npz").train.warmup_steps == 10
+    resumed = load_checkpoint(tmp_path / "warm.npz")
+    assert resumed.train_config == train
+    assert np.array_equal(resumed.train(8), expected[4:])
+
+
 def test_load_checkpoint_can_extend_the_run(saved):
     resumed = load_checkpoint(saved, num_steps=60)
     assert resumed.train_config.num_steps == 60 and resumed.step == 6

@@ -72,6 +72,19 @@ def test_missing_key_is_named(saved, key):
     assert f"'{key}'" in str(info.value)
 
 
+def test_a_checkpoint_from_before_warmup_existed_loads_without_one(saved, small_corpus, small_model):
+    from checkpoint_support import TRAIN
+    from engine import open_backend
+
+    arrays = contents(saved)
+    assert arrays.pop("train.warmup_steps") == 0
+    write_npz(saved, arrays)
+    resumed = load_checkpoint(saved)
+    assert resumed.train_config.warmup_steps == 0 and resumed.train_config == TRAIN
+    expected = open_backend("numpy", small_model, TRAIN, small_corpus).train(10)
+    assert np.array_equal(resumed.train(4), expected[6:])
+
+
 def test_a_plain_npz_is_not_a_checkpoint(tmp_path):
     path = tmp_path / "other.npz"
     write_npz(path, {"weights": np.zeros(3)})
@@ -104,6 +117,14 @@ def test_invalid_config_inside(saved):
     arrays["model.n_head"] = np.asarray(3)  # 8 is not divisible by 3
     write_npz(saved, arrays)
     with pytest.raises(CheckpointError, match="divisible"):
+        load_checkpoint(saved)
+
+
+def test_a_negative_warmup_inside_is_named(saved):
+    arrays = contents(saved)
+    arrays["train.warmup_steps"] = np.asarray(-3)
+    write_npz(saved, arrays)
+    with pytest.raises(CheckpointError, match=r"invalid configuration: warmup_steps .*-3"):
         load_checkpoint(saved)
 
 

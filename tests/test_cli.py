@@ -67,6 +67,20 @@ def test_demo_trains_and_samples(names_path, capsys):
     assert "Traceback" not in out + err
 
 
+def test_demo_warmup_steps_sets_the_schedule(tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--steps", "12", "--samples", "1",
+                          "--warmup-steps", "5"], capsys)
+    assert code == 0, err
+    assert "lr 0.01 (warm-up 5 steps), init_std 0.08" in out
+    # the final loss is the engine's with the same warm-up, and not the one without it
+    preset = engine.PRESETS["tiny"].with_steps(12)
+    corpus = engine.Corpus.from_file(data)
+    warm, cold = (engine.open_backend("numpy", preset.model, replace(preset.train, warmup_steps=w), corpus).train(12)
+                  for w in (5, 0))
+    assert f"final loss: {warm[-1]:.4f} " in out and f"{warm[-1]:.4f}" != f"{cold[-1]:.4f}"
+
+
 def test_demo_reports_truncated_documents(tmp_path, capsys):
     data = write_lines(tmp_path / "long.txt", ["ab", "c" * 20, "d" * 40, "ef"])
     code, out, err = run(["demo", "--data", str(data), "--steps", "3", "--samples", "1"], capsys)
@@ -85,6 +99,9 @@ PRESET_CHOICES = ", ".join(engine.PRESETS)
     (["demo", "--temperature", "0"], "--temperature must be a positive number, got 0"),
     (["demo", "--lr", "inf"], "--lr must be a positive number, got inf"),
     (["demo", "--seed", "-1"], "--seed must be at least 0, got -1"),
+    (["demo", "--warmup-steps", "-1"], "--warmup-steps must be at least 0, got -1"),
+    (["demo", "--warmup-steps", "2.5"], "--warmup-steps must be a whole number, got '2.5'"),
+    (["demo", "--warmup-steps", "10000000000000"], "--warmup-steps must be at most 10^12, got 10,000,000,000,000"),
     (["demo", "--preset", "huge"], f"--preset: unknown preset 'huge'; choose from {PRESET_CHOICES}"),
     (["demo", "--steps"], "--steps: expected one argument"),
     (["demo", "--bogus"], "unrecognized arguments: --bogus"),

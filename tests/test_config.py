@@ -58,6 +58,11 @@ def test_invalid_model_config_raises_value_error_naming_the_field(kwargs, words)
     (dict(beta2=float("nan")), ["beta2"]),
     (dict(seed=-1), ["seed"]),
     (dict(seed=1.5), ["seed"]),
+    (dict(warmup_steps=-1), ["warmup_steps", "between 0 and 10^12", "-1"]),
+    (dict(warmup_steps=2.5), ["warmup_steps", "whole number", "2.5"]),
+    (dict(warmup_steps=True), ["warmup_steps", "whole number"]),
+    (dict(warmup_steps="10"), ["warmup_steps", "whole number", "'10'"]),
+    (dict(warmup_steps=10**12 + 1), ["warmup_steps", "between 0 and 10^12", "1,000,000,000,001"]),
 ])
 def test_invalid_train_config_raises_value_error_naming_the_field(kwargs, words):
     with pytest.raises(ValueError) as info:
@@ -89,9 +94,30 @@ def test_valid_edge_values_are_accepted():
 
 
 def test_lr_schedule_is_microgpts_linear_decay():
+    """Without warm-up (the default) the rate is microgpt's expression, bit for
+    bit, so runs are the same as before warm-up existed."""
     tc = TrainConfig(num_steps=200, learning_rate=0.01)
-    for step in (0, 1, 57, 199):
-        assert tc.lr_at(step) == pytest.approx(0.01 * (1 - step / 200), rel=1e-12)
+    assert tc.warmup_steps == 0
+    for step in range(200):
+        assert tc.lr_at(step) == 0.01 * (1 - step / 200)
+
+
+def test_warmup_ramps_linearly_then_the_decay_takes_over():
+    tc = TrainConfig(num_steps=100, learning_rate=0.5, warmup_steps=8)
+    decay = lambda step: 1 - step / 100  # noqa: E731
+    assert tc.lr_at(0) == pytest.approx(0.5 / 8 * decay(0), rel=1e-15)
+    assert tc.lr_at(3) == pytest.approx(0.5 * 4 / 8 * decay(3), rel=1e-15)
+    for step in (7, 8, 50, 99):  # full rate from step warmup_steps - 1 on
+        assert tc.lr_at(step) == pytest.approx(0.5 * decay(step), rel=1e-15)
+    ramp = [tc.lr_at(step) for step in range(8)]
+    assert ramp == sorted(ramp) and len(set(ramp)) == 8
+    assert TrainConfig(num_steps=100, warmup_steps=1).lr_at(0) == TrainConfig(num_steps=100).lr_at(0)
+
+
+def test_a_warmup_longer_than_the_run_never_reaches_the_full_rate():
+    tc = TrainConfig(num_steps=10, learning_rate=1.0, warmup_steps=40)
+    assert max(tc.lr_at(step) for step in range(10)) < 10 / 40
+    assert tc.lr_factor(4) == pytest.approx(5 / 40 * (1 - 4 / 10), rel=1e-15)
 
 
 # ---- presets ----------------------------------------------------------------
@@ -136,6 +162,7 @@ def test_named_param_counts_from_the_issue():
 def test_tiny_keeps_microgpts_hyperparameters():
     tc = PRESETS["tiny"].train
     assert (tc.learning_rate, tc.init_std, tc.beta1, tc.beta2, tc.eps) == (0.01, 0.08, 0.85, 0.99, 1e-8)
+    assert tc.warmup_steps == 0  # microgpt's schedule: the full rate from the first step
 
 
 def test_larger_presets_use_smaller_steps_than_microgpt():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -105,8 +106,10 @@ def test_device_token_slices_equal_corpus_step_tokens(names_corpus):
             np.testing.assert_array_equal(a, b)
 
 
-def test_chunked_logic_trains_like_the_numpy_backend(names_corpus):
+@pytest.mark.parametrize("warmup", [0, 30], ids=["microgpt-schedule", "warmup"])
+def test_chunked_logic_trains_like_the_numpy_backend(names_corpus, warmup):
     preset = PRESETS["tiny"].with_steps(60)
+    preset = replace(preset, train=replace(preset.train, warmup_steps=warmup))
     ref = NumpyBackend(preset.model, preset.train, names_corpus)
     dev = HostLogicBackend(preset.model, preset.train, names_corpus)
     want = np.concatenate([ref.train(10) for _ in range(5)])

@@ -27,6 +27,7 @@ from futhark_support import CPU_BACKENDS, MULTICORE_2_THREADS, hide_futhark
 NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper", "evelyn",
          "abigail", "emily", "ella", "elizabeth", "camila", "luna", "bo", "christopherjohn"]
 TWO_LAYERS = ModelConfig(n_embd=16, n_layer=2, n_head=2, block_size=8)  # heads differ from tiny's 4
+LAYOUT = -4  # new_model's layout argument, before the tokens, offsets and lengths
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +97,13 @@ def test_open_context_sets_the_thread_count(futhark_cpu_builds):
 
 
 def test_model_arguments_carry_the_configs_and_the_corpus(corpus):
-    model, train = TWO_LAYERS, TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3)
+    model = TWO_LAYERS
+    train = TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3, warmup_steps=7)
     args = fbk.model_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), blocks=3)
-    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, blocks, layout, tokens, offsets, lengths) = args
+    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, warmup, blocks, layout, tokens, offsets,
+     lengths) = args
     assert (c, layers, heads, block, vocab) == (16, 2, 2, 8, corpus.vocab_size)
-    assert (lr, b1, b2, eps, steps, blocks) == (0.02, 0.8, 0.99, 1e-8, 30, 3)
+    assert (lr, b1, b2, eps, steps, warmup, blocks) == (0.02, 0.8, 0.99, 1e-8, 30, 7, 3)
     specs = param_specs(model, corpus.vocab_size)
     assert layout.tolist() == [s.offset for s in specs]
     assert (tokens.dtype, offsets.dtype, lengths.dtype) == (np.int32, np.int64, np.int32)
@@ -156,8 +159,11 @@ def without_futhark(monkeypatch, tmp_path):
 @pytest.mark.futhark
 @pytest.mark.parametrize("name", CPU_BACKENDS)
 @pytest.mark.parametrize("model", [ModelConfig(), TWO_LAYERS], ids=["tiny", "2layer-2head"])
-def test_50_steps_match_numpy(name, model, names_corpus, futhark_cpu_builds):
-    train = TrainConfig(num_steps=60, learning_rate=0.01)
+@pytest.mark.parametrize("warmup", [0, 24], ids=["microgpt-schedule", "warmup"])
+def test_50_steps_match_numpy(name, model, warmup, names_corpus, futhark_cpu_builds):
+    """Per-step losses to 1e-4, with microgpt's schedule and with a warm-up
+    (ramping through the first 24 steps, across the calls' boundaries)."""
+    train = TrainConfig(num_steps=60, learning_rate=0.01, warmup_steps=warmup)
     if model is TWO_LAYERS:  # block_size 8: the longer names are truncated
         assert max(len(doc) for doc in names_corpus.docs) + 1 > model.block_size
     reference = open_backend("numpy", model, train, names_corpus)
@@ -342,20 +348,20 @@ def test_weights_refuse_a_layout_that_does_not_fit(corpus, change, futhark_cpu_b
     backend = open_backend("futhark-c", model, train, corpus)
     state = backend.get_state()
     args = list(fbk.model_arguments(model, train, corpus, backend.specs))
-    layout = args[11].copy()
+    layout = args[LAYOUT].copy()
     if change == "past-the-end":
         layout[-1] += 1
     elif change == "negative":
         layout[0] = -1
     else:
         layout = layout[:-1]
-    args[11] = layout
+    args[LAYOUT] = layout
     bad = backend._call("new_model", *args)
     with pytest.raises(BackendError, match=r"(?i)assert"):
         backend._call("initial_weights", bad, state.params)
     with pytest.raises(BackendError, match=r"(?i)assert"):
         backend._call("new_weights", bad, state.params, state.m, state.v, 0)
-    args[11] = fbk.layout_offsets(backend.specs, model, corpus.vocab_size)
+    args[LAYOUT] = fbk.layout_offsets(backend.specs, model, corpus.vocab_size)
     backend._call("initial_weights", backend._call("new_model", *args), state.params)  # the true layout is accepted
     backend.close()
 

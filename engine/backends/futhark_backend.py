@@ -78,7 +78,7 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     return (
         model.n_embd, model.n_layer, model.n_head, model.block_size, corpus.vocab_size,
         float(train.learning_rate), float(train.beta1), float(train.beta2), float(train.eps),
-        train.num_steps, blocks,
+        train.num_steps, train.warmup_steps, blocks,
         layout_offsets(specs, model, corpus.vocab_size),
         np.ascontiguousarray(arrays.tokens, dtype=np.int32),
         np.ascontiguousarray(arrays.offsets, dtype=np.int64),
