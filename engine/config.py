@@ -47,6 +47,11 @@ class ModelConfig:
 MAX_NUM_STEPS = 10**12
 
 
+# The most documents one step may train on: a step's activations grow with it
+# (names.txt has 32,033 names; past a few hundred a step only gets slower).
+MAX_BATCH_SIZE = 4096
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """microgpt's Adam with a linearly decaying learning rate."""
@@ -58,6 +63,11 @@ class TrainConfig:
     eps: float = 1e-8
     init_std: float = 0.08
     seed: int = 42
+    # documents per step (1: microgpt's one name per step), padded and masked
+    batch_size: int = 1
+    # documents held out of training for the held-out loss: the last `holdout`
+    # of the training order; None: engine.data.default_holdout, 0: none
+    holdout: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int):
@@ -69,6 +79,7 @@ class TrainConfig:
                              f"step), got {self.num_steps:,}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        self._check_batch()
         checks = {
             "learning_rate": lambda x: x > 0,
             "init_std": lambda x: x > 0,
@@ -85,6 +96,13 @@ class TrainConfig:
             if not ok(value):
                 bound = "in [0, 1)" if name.startswith("beta") else "positive"
                 raise ValueError(f"{name} must be {bound}, got {value}")
+
+    def _check_batch(self) -> None:
+        b, h = self.batch_size, self.holdout
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be a whole number from 1 to {MAX_BATCH_SIZE:,}, got {b!r}")
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
+            raise ValueError(f"holdout must be a non-negative whole number (0: none), got {h!r}")
 
     def lr_at(self, step: int) -> float:
         """microgpt's schedule: linear decay from learning_rate to 0 at num_steps."""

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from ..model import adam_scales, loss_and_grad
+from ..model import adam_scales
 from ..errors import BackendError
 from .base import losses_until_divergence
 from .numpy_backend import NumpyBackend
@@ -296,9 +296,13 @@ class CupyBackend(NumpyBackend):
             raise BackendError(self._oom_message("opening the cupy backend")) from None
 
     def _tokens(self, step: int):
-        """Corpus.step_tokens, as views of the tokens already on the device."""
-        off, n = self.corpus.step_window(step, self.model.block_size)
+        """DataSplit.step_tokens, as views of the tokens already on the device."""
+        off, n = self.split.window(step)
         return self._d_tokens[off : off + n], self._d_tokens[off + 1 : off + 1 + n]
+
+    def _batch(self, step: int):
+        """DataSplit.batch, gathered from the tokens already on the device."""
+        return self.split.batch(step, self._d_tokens, self.xp)
 
     def _to_host(self, arr) -> np.ndarray:
         if isinstance(arr, (np.ndarray, np.generic, float)):
@@ -327,8 +331,7 @@ class CupyBackend(NumpyBackend):
             ok = xp.ones(k + 1, dtype=xp.int32)  # ok[i]: losses 0..i-1 all finite
             for i in range(k):
                 step = self._step + i
-                inputs, targets = self._tokens(step)
-                loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
+                loss = self._step_loss(step)
                 self._fused_step(loss, losses, ok, i, adam_scalars(tc, step))
                 done = i + 1
         except Exception as exc:
