@@ -88,7 +88,7 @@ def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = 
     if ck.step > train.num_steps:
         raise ValueError(f"num_steps {train.num_steps} is below the checkpoint's step {ck.step}")
     opened = open_backend(backend, ck.model, train, ck.corpus, params=ck.params)
-    opened.set_state(TrainState(ck.params, ck.m, ck.v, ck.step), losses=ck.losses)
+    opened.set_state(TrainState(ck.params, ck.m, ck.v, ck.step), losses=ck.losses, heldout=ck.heldout)
     return opened
 
 

@@ -16,6 +16,7 @@ from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..data import Batch, Corpus, DataSplit
 from ..errors import BackendError, TrainingDiverged
+from ..learning import HeldoutPoint
 from ..memory import available_memory_bytes, format_bytes, format_count, grown
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
@@ -55,14 +56,6 @@ LARGE_ALLOCATION = 64 << 20
 # where their activations would pass EVAL_BYTES.
 EVAL_MAX_DOCS = 1024
 EVAL_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class HeldoutPoint:
-    """One evaluation of the held-out loss: after `step` steps, at the parameters then."""
-
-    step: int
-    loss: float
 
 
 class Backend(ABC):
