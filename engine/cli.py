@@ -22,8 +22,9 @@ import numpy as np
 
 from . import bench, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
-from .config import PRESETS, get_preset
-from .data import DatasetError, default_dataset_path, load_corpus
+from .config import MAX_BATCH_SIZE, PRESETS, get_preset
+from .data import DatasetError, default_dataset_path, load_corpus, resolve_holdout
+from .learning import HoldoutSchedule
 from .sampling import check_prefix_length
 from .health import loss_warning
 
@@ -105,6 +106,17 @@ def name_list(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("must be a comma-separated list of names")
     return names
+
+
+def batch_size(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_BATCH_SIZE:,}, got {value:,}")
+    return value
+
+
+def batch_list(text: str) -> list[int]:
+    return [batch_size(name) for name in name_list(text)]
 
 
 def preset_name(text: str) -> str:
@@ -213,6 +225,9 @@ def build_parser() -> OneLineParser:
     demo.add_argument("--seed", type=non_negative_int, help="seed for initialisation and sampling (default: the preset's, 42)")
     demo.add_argument("--lr", type=positive_float, help="learning rate (default: the preset's)")
     demo.add_argument("--init-std", type=positive_float, help="initial weight std (default: the preset's)")
+    demo.add_argument("--batch", type=batch_size, help="documents per step (default: the preset's; tiny: 1)")
+    demo.add_argument("--holdout", type=non_negative_int, help="documents held out for the held-out loss "
+                      "(default: min(1000, 10%% of the documents); 0: none)")
 
     default = bench.Budget()
     bench_cmd = commands.add_parser(
@@ -294,14 +309,24 @@ def check_prefix(prefix: str, corpus, block_size: int) -> None:
     check_prefix_length(prefix, block_size, "--prefix")
 
 
+def check_holdout(holdout: int | None, corpus) -> None:
+    """The holdout check the backend makes, naming the option."""
+    try:
+        resolve_holdout(holdout, len(corpus))
+    except ValueError as exc:
+        raise ValueError(f"--{exc}" if holdout is not None else str(exc)) from None  # "--holdout 5 leaves..."
+
+
 def run_demo(args) -> int:
     check_backend(args.backend)  # before the dataset: a wrong name fails at once
     preset = get_preset(args.preset).with_steps(args.steps)
     overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
-                                   ("seed", args.seed)) if v is not None}
+                                   ("seed", args.seed), ("batch_size", args.batch),
+                                   ("holdout", args.holdout)) if v is not None}
     train = replace(preset.train, **overrides)
     corpus = load_data(args.data)
     model = preset.model
+    check_holdout(args.holdout, corpus)
     check_prefix(args.prefix, corpus, model.block_size)
     print(f"num docs: {len(corpus)}")
     print(f"vocab size: {corpus.vocab_size}")
@@ -312,25 +337,35 @@ def run_demo(args) -> int:
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
               f"backend {args.backend}, lr {train.learning_rate:g}, init_std {train.init_std:g}, seed {train.seed}")
+        print(f"batch: {train.batch_size} documents per step; held out: {backend.holdout:,} documents, "
+              f"training on {backend.split.n_train:,}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
         report_every = max(1, args.steps // 10)
         warned = False
-        start = time.perf_counter()
+        schedule = HoldoutSchedule()
+        elapsed = 0.0
         while not backend.finished:
             mark = min(args.steps, (backend.step // report_every + 1) * report_every)
             # bounded calls: one call's losses come back as one array
+            start = time.perf_counter()
             losses = backend.train(min(mark - backend.step, MAX_STEPS_PER_CALL))
+            took = time.perf_counter() - start
+            elapsed += took
+            schedule.trained(took)
             if backend.step < mark:
                 continue
-            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}", flush=True)
+            heldout = evaluate_when_due(backend, schedule)
+            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}"
+                  + (f" | held-out {heldout:.4f}" if heldout is not None else "")
+                  + f" | epoch {backend.epochs:.2f}", flush=True)
             if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
                 print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
                 warned = True
-        elapsed = time.perf_counter() - start
         history = backend.loss_history
         tail = history[-min(50, len(history)):]
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
-              f"{1e3 * elapsed / args.steps:.3f} ms/step)")
+              f"{1e3 * elapsed / args.steps:.3f} ms/step, {backend.names_seen / elapsed:,.0f} names/s)")
+        print(final_heldout_line(backend, schedule))
         print("--- samples ---")
         names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix)
         for i, name in enumerate(names, start=1):
@@ -338,6 +373,29 @@ def run_demo(args) -> int:
     finally:
         backend.close()
     return 0
+
+
+def evaluate_when_due(backend, schedule: HoldoutSchedule) -> float | None:
+    """The held-out loss when the schedule says it is time (None otherwise, or with nothing held out)."""
+    if backend.holdout == 0 or not schedule.due(backend.finished):
+        return None
+    start = time.perf_counter()
+    loss = backend.heldout_loss()
+    schedule.evaluated(time.perf_counter() - start)
+    return loss
+
+
+def final_heldout_line(backend, schedule: HoldoutSchedule) -> str:
+    if backend.holdout == 0:
+        return "held-out loss: none (no documents held out: --holdout 0 or a dataset under 10 documents)"
+    history = backend.heldout_history
+    if not history or history[-1].step != backend.step:
+        evaluate_when_due(backend, schedule)
+        history = backend.heldout_history
+    best = min(history, key=lambda p: p.loss)
+    return (f"held-out loss: {history[-1].loss:.4f} over {backend.holdout:,} documents (best {best.loss:.4f} "
+            f"at step {best.step}; {backend.epochs:.2f} epochs, {backend.names_seen:,} names seen; "
+            f"evaluation took {schedule.eval_seconds:.2f} s in {schedule.evaluations} passes)")
 
 
 # bench ---------------------------------------------------------------------
