@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, bench_report
+from . import bench, bench_loss, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import MAX_BATCH_SIZE, PRESETS, get_preset
 from .data import DatasetError, default_dataset_path, load_corpus, resolve_holdout
@@ -251,6 +251,17 @@ def build_parser() -> OneLineParser:
                            help="measure each configuration this many times, taking turns; report the median run (default 1)")
     bench_cmd.add_argument("--json", type=Path, help="also write the results to this JSON file")
     bench_cmd.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
+    bench_cmd.add_argument("--batch", type=batch_list, default=[1], metavar="B[,B...]",
+                           help="documents per step, comma-separated (default 1); adds names/s to each row")
+    bench_cmd.add_argument("--to-loss", type=positive_float, metavar="X",
+                           help="instead of timing steps: train each (backend, preset, batch) until the "
+                                "held-out loss is at most X, and report the training seconds")
+    bench_cmd.add_argument("--time-limit", type=positive_float, default=bench_loss.DEFAULT_TIME_LIMIT_S,
+                           metavar="S", help="with --to-loss: stop after S seconds of training "
+                                             f"(default {bench_loss.DEFAULT_TIME_LIMIT_S:g})")
+    bench_cmd.add_argument("--run-steps", type=positive_int, metavar="N",
+                           help="with --to-loss: the run's steps, over which the learning rate decays "
+                                "(default: the preset's)")
     return parser
 
 
@@ -415,10 +426,20 @@ def run_benchmark(args, argv: list[str]) -> int:
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     budget = bench.Budget(args.steps, args.seconds, args.warmup, args.sample_names)
-    print(bench_report.legend(budget))
-    print(bench_report.table_header(), flush=True)
+    goal = None
+    if args.to_loss is not None:
+        goal = bench_loss.ToLoss(args.to_loss, args.time_limit, args.run_steps)
+        print(bench_report.to_loss_legend(goal.target, goal.time_limit))
+        header, row_text = bench_report.to_loss_header, bench_report.to_loss_row
+    else:
+        if args.run_steps is not None:
+            raise ValueError("--run-steps goes with --to-loss X")
+        print(bench_report.legend(budget))
+        header, row_text = bench_report.table_header, bench_report.table_row
+    print(header(), flush=True)
     results = bench.run_bench(backends, args.presets, corpus_path, budget, args.rounds,
-                              on_row=lambda row: print(bench_report.table_row(row), flush=True))
+                              on_row=lambda row: print(row_text(row), flush=True), batches=args.batch,
+                              to_loss=goal)
     if note := bench_report.busy_note(results):
         print(note)
     if args.json:

@@ -90,16 +90,21 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     )
 
 
+def batch_refusal(name: str, batch: int) -> str:
+    """Why a Futhark backend does not train `batch` documents per step, or ""."""
+    if batch == 1:
+        return ""
+    return (f"the {name} backend trains one document per step; batch size {batch} runs on "
+            "numpy or cupy (batches in the Futhark kernel are still to come)")
+
+
 class FutharkBackend(Backend):
     name = "futhark"
     target = "c"  # Futhark's compiler backend
 
     def _setup(self, params: np.ndarray) -> None:
-        if self.split.batch_size > 1:
-            raise BackendError(
-                f"the {self.name} backend trains one document per step; batch size "
-                f"{self.split.batch_size} runs on numpy or cupy (batches in the Futhark kernel "
-                "are still to come)")
+        if refusal := batch_refusal(self.name, self.split.batch_size):
+            raise BackendError(refusal)
         self._fut = open_context(self.library_target(), self.threads())
         self._model = self._call("new_model", *model_arguments(
             self.model, self.train_config, self.corpus, self.specs, self.blocks(), self.split.n_train))
