@@ -67,7 +67,24 @@ def linear(x, w):
     N rows, so w is read once for all of them rather than once per row."""
     if x.ndim == 3 and x.shape[1] == 1:
         return linear(x[:, 0], w)[:, None]
+    if x.ndim == 3:  # a batch of documents: one product over all B x T rows, not B of them
+        return linear(rows2(x), w).reshape(*x.shape[:-1], w.shape[0])
     return (w @ x.swapaxes(-1, -2)).swapaxes(-1, -2)
+
+
+def times(a, w):
+    """a @ w for activations a (..., N) and a matrix w (N, M), as one product over
+    every position of every document (NumPy runs a stacked product as one per
+    document). For one document (T, N), exactly a @ w."""
+    if a.ndim == 2:
+        return a @ w
+    return (rows2(a) @ w).reshape(*a.shape[:-1], w.shape[-1])
+
+
+def rows2(z):
+    """(..., N) -> (rows, N): every position of every document as one row (a
+    view where z is contiguous; for one document, the same 2-D array)."""
+    return z.reshape(-1, z.shape[-1])
 
 
 def split_heads(z, n_head):
@@ -203,12 +220,6 @@ def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False, kv: KVCache 
     return x, cache
 
 
-def rows2(z):
-    """(..., N) -> (rows, N): every position of every document as one row (a
-    view; for one document, the same 2-D array)."""
-    return z.reshape(-1, z.shape[-1])
-
-
 def target_index(targets, xp) -> tuple:
     """The index of each position's target logit in (..., T, V) logits."""
     if targets.ndim == 1:
@@ -232,7 +243,7 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
     """
     t, h = inputs.shape[-1], model.n_head
     x, cache = forward(w, inputs, model, xp, keep=True)
-    logits = x @ w.lm_head.T
+    logits = times(x, w.lm_head.T)
     logits -= logits.max(axis=-1, keepdims=True)
     probs = xp.exp(logits)
     total = probs.sum(axis=-1, keepdims=True)
@@ -251,25 +262,25 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
     dlogits[at_target] -= 1.0
     dlogits *= weight
     xp.matmul(rows2(dlogits).T, rows2(x), out=g.lm_head)
-    dx = dlogits @ w.lm_head
+    dx = times(dlogits, w.lm_head)
     scale = 1.0 / math.sqrt(model.head_dim)
     for (qkv_w, wo, fc1, fc2), (gqkv, gwo, gfc1, gfc2), (xn, r1, q, k, v, p, y, xn2, r2, hid, act) in zip(
         reversed(w.layers), reversed(g.layers), reversed(cache[1:])
     ):
         xp.matmul(rows2(dx).T, rows2(act), out=gfc2)
-        dhid = dx @ fc2
+        dhid = times(dx, fc2)
         dhid *= hid > 0
         xp.matmul(rows2(dhid).T, rows2(xn2), out=gfc1)
-        dx = dx + rmsnorm_backward(dhid @ fc1, xn2, r2, xp)
+        dx = dx + rmsnorm_backward(times(dhid, fc1), xn2, r2, xp)
 
         xp.matmul(rows2(dx).T, rows2(y), out=gwo)
-        dy = split_heads(dx @ wo, h)
+        dy = split_heads(times(dx, wo), h)
         dp = dy @ v.swapaxes(-1, -2)
         datt = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
         datt *= scale
         dqkv = merge_heads(qkv_grads(datt, p, q, k, dy, xp))
         xp.matmul(rows2(dqkv).T, rows2(xn), out=gqkv)
-        dx = dx + rmsnorm_backward(dqkv @ qkv_w, xn, r1, xp)
+        dx = dx + rmsnorm_backward(times(dqkv, qkv_w), xn, r1, xp)
 
     x0, r0 = cache[0]
     dx0 = rmsnorm_backward(dx, x0, r0, xp)
@@ -295,7 +306,7 @@ def doc_losses(w: Weights, inputs, targets, lengths, model: ModelConfig, xp):
     """Forward only: each document's summed cross-entropy over its first lengths[b]
     positions, (B,), for B documents padded to (B, T) (the held-out loss)."""
     x, _ = forward(w, inputs, model, xp)
-    logits = x @ w.lm_head.T
+    logits = times(x, w.lm_head.T)
     logits -= logits.max(axis=-1, keepdims=True)
     nll = xp.log(xp.exp(logits).sum(axis=-1)) - logits[target_index(targets, xp)]
     return (nll * batch_mask(lengths, inputs.shape[-1], xp, x.dtype)).sum(axis=-1)
