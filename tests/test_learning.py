@@ -15,6 +15,7 @@ from engine.backends.numpy_backend import NumpyBackend
 from engine.data import DataSplit, default_holdout
 from engine.model import Weights, doc_losses, loss_and_grad
 from reference_model import plain_loss_sum
+from test_reference import microgpt_train
 
 MODEL = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)
 # lengths 2 to 14 characters: 3 to 8 positions, the longest truncated at block_size 8
@@ -133,41 +134,18 @@ def test_a_b4_step_loss_and_gradient_match_the_float64_reference(name, cls):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def reference_run(c, model, train, steps: int) -> np.ndarray:
-    """float64 losses of a batched run: one document at a time through the plain
-    forward pass's sum and engine's one-document gradient, Adam written out."""
-    split = DataSplit(c, train.holdout, model.block_size, train.batch_size)
-    specs = param_specs(model, c.vocab_size)
-    p = init_params(model, c.vocab_size, train.seed, train.init_std).astype(np.float64)
-    m, v = np.zeros_like(p), np.zeros_like(p)
-    tokens = c.arrays.tokens
-    losses = []
-    for step in range(steps):
-        docs = split.step_documents(step)
-        count = int(split.positions[docs].sum())
-        grad, total = np.zeros_like(p), 0.0
-        for d in docs:
-            off, n = int(split.offsets[d]), int(split.positions[d])
-            g = np.empty_like(p)
-            total += n * float(loss_and_grad(Weights(p, specs, model), Weights(g, specs, model),
-                                             tokens[off : off + n], tokens[off + 1 : off + 1 + n], model, np))
-            grad += g * n
-        grad /= count
-        losses.append(total / count)
-        lr = train.learning_rate * (1 - step / train.num_steps)
-        m = train.beta1 * m + (1 - train.beta1) * grad
-        v = train.beta2 * v + (1 - train.beta2) * grad**2
-        m_hat, v_hat = m / (1 - train.beta1 ** (step + 1)), v / (1 - train.beta2 ** (step + 1))
-        p = p - lr * m_hat / (np.sqrt(v_hat) + train.eps)
-    return np.array(losses)
-
-
 @pytest.mark.parametrize("name, cls", host_backends(), ids=[n for n, _ in host_backends()])
 def test_50_b4_steps_match_a_float64_per_document_run(name, cls):
+    """Against microgpt's own scalar-autograd loop (tests/test_reference.py), batched
+    the engine's way: documents (s*4 + b) % 8, the mean over all their positions."""
     c = corpus()
     train = TrainConfig(num_steps=50, batch_size=4, holdout=3, learning_rate=0.01)
-    got = cls(MODEL, train, c).train(50)
-    np.testing.assert_allclose(got, reference_run(c, MODEL, train, 50), rtol=0, atol=1e-4)
+    backend = cls(MODEL, train, c)
+    got = backend.train(50)
+    flat = init_params(MODEL, c.vocab_size, train.seed, train.init_std)
+    want, params = microgpt_train(c.docs, flat, MODEL, train, 50, batch_size=4, n_train=8)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(backend.get_state().params, params, rtol=0, atol=1e-4)
 
 
 def test_padding_changes_nothing():
