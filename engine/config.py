@@ -132,6 +132,11 @@ PRESETS: dict[str, Preset] = {
     "s128": _preset(128, 4, 4, 128, lr=0.001, std=0.02),
     "s256": _preset(256, 6, 8, 256, lr=0.0005, std=0.02),
     "gpt2-small": _preset(768, 12, 12, 1024, lr=0.0002, std=0.02),
+    # for learning: 32 names per step, 4000 steps (4 epochs of names.txt's training
+    # names); measured on numpy to reach a held-out loss of 2.05 in under 20 s of
+    # training (README "Presets"). Block 16 holds every name of names.txt.
+    "learn": Preset(ModelConfig(32, 2, 4, 16), TrainConfig(num_steps=4000, learning_rate=0.01, init_std=0.05,
+                                                          batch_size=32)),
 }
 
 
