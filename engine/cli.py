@@ -237,8 +237,8 @@ def build_parser() -> OneLineParser:
                     "whichever takes longer, then one timed sample call. Start-up, warm-up and "
                     "sampling add to a row's time: under a second at tiny, tens of seconds at gpt2-small.")
     bench_cmd.add_argument("--backends", type=name_list, help="comma-separated (default: every backend, and torch)")
-    bench_cmd.add_argument("--presets", type=preset_list, default=["tiny", "s128", "gpt2-small"],
-                           help="comma-separated (default tiny,s128,gpt2-small)")
+    bench_cmd.add_argument("--presets", type=preset_list,
+                           help="comma-separated (default tiny,s128,gpt2-small; with --to-loss: learn)")
     bench_cmd.add_argument("--steps", type=positive_int, default=default.steps,
                            help=f"measure at least this many steps (default {default.steps})")
     bench_cmd.add_argument("--seconds", type=non_negative_float, default=default.seconds,
@@ -427,6 +427,7 @@ def run_benchmark(args, argv: list[str]) -> int:
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     budget = bench.Budget(args.steps, args.seconds, args.warmup, args.sample_names)
     goal = None
+    presets = args.presets or (["learn"] if args.to_loss is not None else ["tiny", "s128", "gpt2-small"])
     if args.to_loss is not None:
         goal = bench_loss.ToLoss(args.to_loss, args.time_limit, args.run_steps)
         print(bench_report.to_loss_legend(goal.target, goal.time_limit))
@@ -437,7 +438,7 @@ def run_benchmark(args, argv: list[str]) -> int:
         print(bench_report.legend(budget))
         header, row_text = bench_report.table_header, bench_report.table_row
     print(header(), flush=True)
-    results = bench.run_bench(backends, args.presets, corpus_path, budget, args.rounds,
+    results = bench.run_bench(backends, presets, corpus_path, budget, args.rounds,
                               on_row=lambda row: print(row_text(row), flush=True), batches=args.batch,
                               to_loss=goal)
     if note := bench_report.busy_note(results):
