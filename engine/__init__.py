@@ -2,7 +2,8 @@
 from .backends import Backend, BackendInfo, TrainState, list_backends, load_checkpoint, open_backend
 from .checkpoint import read_checkpoint, save_checkpoint
 from .config import PRESETS, ModelConfig, Preset, TrainConfig, get_preset
-from .data import Corpus, DataSplit, default_dataset_path, load_corpus
+from .batches import DataSplit
+from .data import Corpus, default_dataset_path, load_corpus
 from .learning import HeldoutPoint, HoldoutSchedule
 from .health import loss_warning
 from .errors import BackendError, Cancelled, CheckpointError, DatasetError, TrainingDiverged

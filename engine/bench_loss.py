@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .bench import BenchResult, _open, load_average, peak_rss_mb, with_batch
 from .config import get_preset
 from .data import Corpus
-from .learning import HoldoutSchedule
+from .learning import HoldoutSchedule, evaluate_if_due
 
 CHUNK_S = 0.25  # seconds of training between two chances to evaluate
 # Evaluation is excluded from the training time, so it may take a larger share
@@ -54,12 +54,9 @@ def train_to_loss(runner, goal: ToLoss, clock=time.perf_counter) -> tuple[bool, 
         took = clock() - start
         schedule.trained(took)
         done = runner.finished or ran < k or schedule.train_seconds >= goal.time_limit
-        if schedule.due(done):
-            start = clock()
-            loss = runner.heldout_loss()
-            schedule.evaluated(clock() - start)
-            if loss <= goal.target:
-                return True, schedule
+        loss = evaluate_if_due(runner, schedule, done, clock)
+        if loss is not None and loss <= goal.target:
+            return True, schedule
         if done:
             return False, schedule
         # the next call about CHUNK_S long, from this one's pace, and not past the time limit

@@ -23,8 +23,9 @@ import numpy as np
 from . import bench, bench_loss, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from .config import MAX_BATCH_SIZE, PRESETS, get_preset
-from .data import DatasetError, default_dataset_path, load_corpus, resolve_holdout
-from .learning import HoldoutSchedule
+from .batches import resolve_holdout
+from .data import DatasetError, default_dataset_path, load_corpus
+from .learning import HoldoutSchedule, evaluate_if_due
 from .sampling import check_prefix_length
 from .health import loss_warning
 
@@ -365,7 +366,7 @@ def run_demo(args) -> int:
             schedule.trained(took)
             if backend.step < mark:
                 continue
-            heldout = evaluate_when_due(backend, schedule)
+            heldout = evaluate_if_due(backend, schedule, backend.finished)
             print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}"
                   + (f" | held-out {heldout:.4f}" if heldout is not None else "")
                   + f" | epoch {backend.epochs:.2f}", flush=True)
@@ -386,22 +387,12 @@ def run_demo(args) -> int:
     return 0
 
 
-def evaluate_when_due(backend, schedule: HoldoutSchedule) -> float | None:
-    """The held-out loss when the schedule says it is time (None otherwise, or with nothing held out)."""
-    if backend.holdout == 0 or not schedule.due(backend.finished):
-        return None
-    start = time.perf_counter()
-    loss = backend.heldout_loss()
-    schedule.evaluated(time.perf_counter() - start)
-    return loss
-
-
 def final_heldout_line(backend, schedule: HoldoutSchedule) -> str:
     if backend.holdout == 0:
         return "held-out loss: none (no documents held out: --holdout 0 or a dataset under 10 documents)"
     history = backend.heldout_history
     if not history or history[-1].step != backend.step:
-        evaluate_when_due(backend, schedule)
+        evaluate_if_due(backend, schedule, backend.finished)
         history = backend.heldout_history
     best = min(history, key=lambda p: p.loss)
     return (f"held-out loss: {history[-1].loss:.4f} over {backend.holdout:,} documents (best {best.loss:.4f} "

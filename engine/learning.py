@@ -1,6 +1,6 @@
 """Learning, not only stepping: the held-out loss's record and when to measure it.
 
-A run holds out documents (engine.data.DataSplit) and evaluates their mean
+A run holds out documents (engine.batches.DataSplit) and evaluates their mean
 per-token loss now and then (Backend.heldout_loss). Evaluation is a forward
 pass over every held-out document, so it costs time the run would otherwise
 train with: HoldoutSchedule spaces the evaluations so that they take at
@@ -8,6 +8,7 @@ most a set share of the training time, and asks for one at the end.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 EVAL_SHARE = 0.1  # evaluation may take at most this share of the training time
@@ -58,3 +59,15 @@ class HoldoutSchedule:
         if finished or not self.evaluations:
             return True
         return self.eval_seconds + self.last_eval_seconds <= self.share * self.train_seconds
+
+
+def evaluate_if_due(runner, schedule: HoldoutSchedule, finished: bool = False,
+                    clock=time.perf_counter) -> float | None:
+    """The held-out loss when the schedule says it is due (timed into it), else
+    None; None also for a run that holds out nothing."""
+    if runner.holdout == 0 or not schedule.due(finished):
+        return None
+    start = clock()
+    loss = runner.heldout_loss()
+    schedule.evaluated(clock() - start)
+    return loss

@@ -16,7 +16,8 @@ from torch import nn
 
 from .config import ModelConfig, TrainConfig
 from .backends.base import EVAL_MAX_DOCS
-from .data import Corpus, DataSplit
+from .batches import DataSplit
+from .data import Corpus
 from .learning import HeldoutPoint
 from .model import RMS_EPS
 from .params import init_params, param_specs
@@ -84,7 +85,7 @@ def batch_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> torc
 
 class TorchReference:
     """Trains MicroGPT on the corpus as the backends do: the same documents per
-    step (engine.data.DataSplit), padded and masked at B > 1, and the same
+    step (engine.batches.DataSplit), padded and masked at B > 1, and the same
     held-out loss."""
 
     name = "torch"

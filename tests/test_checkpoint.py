@@ -12,7 +12,7 @@ import pytest
 from dataclasses import replace
 
 from checkpoint_support import TRAIN
-from engine.data import default_holdout
+from engine.batches import default_holdout
 from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint, save_checkpoint
 
 

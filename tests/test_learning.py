@@ -12,7 +12,7 @@ import pytest
 from cupy_support import HostLogicBackend
 from engine import Corpus, ModelConfig, TrainConfig, init_params, open_backend, param_specs
 from engine.backends.numpy_backend import NumpyBackend
-from engine.data import DataSplit, default_holdout
+from engine.batches import DataSplit, default_holdout
 from engine.model import Weights, doc_losses, loss_and_grad
 from reference_model import plain_loss_sum
 from test_reference import microgpt_train

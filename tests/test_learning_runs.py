@@ -114,6 +114,8 @@ def test_the_schedule_keeps_evaluation_within_its_share_and_evaluates_at_the_end
 class FakeRunner:
     """A run whose held-out loss falls by 0.1 per 10 steps, on a fake clock."""
 
+    holdout = 5
+
     def __init__(self, clock, num_steps=1000):
         self.clock, self.step, self.num_steps, self.calls = clock, 0, num_steps, 0
 

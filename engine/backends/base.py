@@ -14,7 +14,8 @@ import numpy as np
 
 from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
-from ..data import Batch, Corpus, DataSplit
+from ..batches import Batch, DataSplit
+from ..data import Corpus
 from ..errors import BackendError, TrainingDiverged
 from ..learning import HeldoutPoint
 from ..memory import available_memory_bytes, format_bytes, format_count, grown

@@ -75,7 +75,7 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     """The arguments of the kernel's `new_model` entry point, in order. `blocks`:
     how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C.
     n_train: the documents training cycles over, the first n_train of the
-    training order (engine.data.DataSplit; None: all); the kernel's step
+    training order (engine.batches.DataSplit; None: all); the kernel's step
     reads document step % (the documents it is given)."""
     arrays = corpus.arrays
     docs = slice(0, len(corpus) if n_train is None else n_train)
