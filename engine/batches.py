@@ -53,11 +53,6 @@ class Batch:
         """Real (unpadded) predicted positions in the batch: a step's loss divides by this."""
         return int(self.lengths.sum())
 
-    def mask(self, xp=np):
-        """(B, T) 1.0 at real positions, 0.0 at padding, as float32 of xp."""
-        t = self.tokens.shape[1] - 1
-        lengths = xp.asarray(self.lengths)
-        return (xp.arange(t)[None, :] < lengths[:, None]).astype(xp.float32)
 
 
 class DataSplit:

@@ -13,7 +13,7 @@ from cupy_support import HostLogicBackend
 from engine import Corpus, ModelConfig, TrainConfig, init_params, open_backend, param_specs
 from engine.backends.numpy_backend import NumpyBackend
 from engine.batches import DataSplit, default_holdout
-from engine.model import Weights, doc_losses, loss_and_grad
+from engine.model import Weights, batch_mask, doc_losses, loss_and_grad
 from reference_model import plain_loss_sum
 from test_reference import microgpt_train
 
@@ -63,7 +63,8 @@ def test_a_batch_is_its_documents_padded_with_bos():
     for row, d in zip(batch.tokens, [3, 4, 5]):
         ids = [c.bos, *c.encode(c.docs[d]), c.bos][:9]
         assert row.tolist() == ids + [c.bos] * (9 - len(ids))
-    assert batch.mask().tolist() == [[1] * 8, [1] * 5 + [0] * 3, [1] * 2 + [0] * 6]
+    mask = batch_mask(batch.lengths, 8, np, np.float32)
+    assert mask.tolist() == [[1] * 8, [1] * 5 + [0] * 3, [1] * 2 + [0] * 6]
 
 
 def test_default_holdout_and_its_checks():
