@@ -54,7 +54,6 @@ class Batch:
         return int(self.lengths.sum())
 
 
-
 class DataSplit:
     """Which documents train and which are held out, and what each step trains on.
 
