@@ -11,9 +11,10 @@ import pytest
 
 from cupy_support import HostLogicBackend
 from engine import Corpus, ModelConfig, TrainConfig, init_params, open_backend, param_specs
+from engine.backends import base
 from engine.backends.numpy_backend import NumpyBackend
 from engine.batches import DataSplit, default_holdout
-from engine.model import Weights, batch_mask, doc_losses, loss_and_grad
+from engine.model import Weights, adam_update, batch_mask, doc_losses, loss_and_grad
 from reference_model import plain_loss_sum
 from test_reference import microgpt_train
 
@@ -180,8 +181,6 @@ def test_b1_without_holdout_is_microgpt_bit_for_bit(names_corpus):
     specs = param_specs(model, names_corpus.vocab_size)
     p = init_params(model, names_corpus.vocab_size, train.seed, train.init_std)
     g, m, v = (np.zeros_like(p) for _ in range(3))
-    from engine.model import adam_update
-
     want = []
     for step in range(40):
         inputs, targets = names_corpus.step_tokens(step, model.block_size)
@@ -244,8 +243,6 @@ def test_heldout_loss_is_the_token_weighted_mean_of_the_plain_reference(name, cl
 
 
 def test_heldout_loss_in_several_batches_is_the_same(monkeypatch):
-    from engine.backends import base
-
     c = corpus()
     backend = open_backend("numpy", MODEL, TrainConfig(num_steps=20, holdout=5), c)
     whole = backend.heldout_loss()

@@ -12,7 +12,7 @@ import pytest
 
 import main
 from cupy_support import HostLogicBackend
-from engine import ModelConfig, TrainConfig, load_checkpoint, open_backend, read_checkpoint
+from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint
 from engine.backends import BackendError, probe_backend
 from engine.bench_loss import ToLoss, train_to_loss
 from engine.learning import HoldoutSchedule
