@@ -349,7 +349,8 @@ def run_demo(args) -> int:
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
               f"backend {args.backend}, lr {train.learning_rate:g}, init_std {train.init_std:g}, seed {train.seed}")
-        print(f"batch: {train.batch_size} documents per step; held out: {backend.holdout:,} documents, "
+        docs = "document" if train.batch_size == 1 else "documents"
+        print(f"batch: {train.batch_size} {docs} per step; held out: {backend.holdout:,} documents, "
               f"training on {backend.split.n_train:,}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
         report_every = max(1, args.steps // 10)
