@@ -354,15 +354,23 @@ class CupyBackend(NumpyBackend):
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
                     cancel=None) -> list[list[int]]:
+        return self._without_running_out(f"sampling {num_samples} names", " Ask for fewer samples at once.",
+                                         super()._sample_ids, num_samples, temperature, seed, prefix, cancel)
+
+    def _doc_losses(self, batch) -> np.ndarray:
+        return self._without_running_out("evaluating the held-out loss", "", super()._doc_losses, batch)
+
+    def _without_running_out(self, doing: str, advice: str, call, *args):
+        """call(*args) on the open backend; GPU out-of-memory becomes a BackendError
+        (the training state is untouched: sampling and evaluation only read it)."""
         self._check_open()
         try:
-            return super()._sample_ids(num_samples, temperature, seed, prefix, cancel)
+            return call(*args)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             self._free_pool()
-            raise BackendError(self._oom_message(f"sampling {num_samples} names",
-                                                 " Ask for fewer samples at once.")) from None
+            raise BackendError(self._oom_message(doing, advice)) from None
 
     # memory ------------------------------------------------------------------
     def _oom_message(self, doing: str, after: str = "") -> str:
