@@ -75,7 +75,7 @@ class MicroGPT(nn.Module):
 
 def batch_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     """Each real position's cross-entropy, summed, for padded documents (B, T+1)
-    (engine.data.Batch's arrays): the sum and, with the count, the batch's mean."""
+    (engine.batches.Batch's arrays): the sum and, with the count, the batch's mean."""
     tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     logits = net(tokens[:, :-1])
     nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
