@@ -257,7 +257,7 @@ def build_parser() -> OneLineParser:
     bench_cmd.add_argument("--to-loss", type=positive_float, metavar="X",
                            help="instead of timing steps: train each (backend, preset, batch) until the "
                                 "held-out loss is at most X, and report the training seconds")
-    bench_cmd.add_argument("--time-limit", type=positive_float, default=bench_loss.DEFAULT_TIME_LIMIT_S,
+    bench_cmd.add_argument("--time-limit", type=positive_float,
                            metavar="S", help="with --to-loss: stop after S seconds of training "
                                              f"(default {bench_loss.DEFAULT_TIME_LIMIT_S:g})")
     bench_cmd.add_argument("--run-steps", type=positive_int, metavar="N",
@@ -421,12 +421,13 @@ def run_benchmark(args, argv: list[str]) -> int:
     goal = None
     presets = args.presets or (["learn"] if args.to_loss is not None else ["tiny", "s128", "gpt2-small"])
     if args.to_loss is not None:
-        goal = bench_loss.ToLoss(args.to_loss, args.time_limit, args.run_steps)
+        goal = bench_loss.ToLoss(args.to_loss, args.time_limit or bench_loss.DEFAULT_TIME_LIMIT_S, args.run_steps)
         print(bench_report.to_loss_legend(goal.target, goal.time_limit))
         header, row_text = bench_report.to_loss_header, bench_report.to_loss_row
     else:
-        if args.run_steps is not None:
-            raise ValueError("--run-steps goes with --to-loss X")
+        for flag, value in (("--run-steps", args.run_steps), ("--time-limit", args.time_limit)):
+            if value is not None:
+                raise ValueError(f"{flag} goes with --to-loss X")
         print(bench_report.legend(budget))
         header, row_text = bench_report.table_header, bench_report.table_row
     print(header(), flush=True)

@@ -187,6 +187,12 @@ def test_demo_refuses_a_holdout_that_leaves_nothing_to_train(tmp_path, capsys):
     assert code == 2 and err.strip() == "error: --batch must be at most 4,096, got 5,000"
 
 
+def test_bench_to_loss_options_need_to_loss(tmp_path, capsys):
+    for flag in ("--time-limit", "--run-steps"):
+        code, _, err = run(["bench", "--data", str(names_file(tmp_path)), "--backends", "numpy", flag, "5"], capsys)
+        assert code == 2 and err.strip() == f"error: {flag} goes with --to-loss X"
+
+
 def test_bench_to_loss_reports_a_row_per_batch(tmp_path, capsys):
     code, out, err = run(["bench", "--data", str(names_file(tmp_path)), "--backends", "numpy", "--presets",
                           "tiny", "--batch", "1,4", "--to-loss", "9", "--time-limit", "5"], capsys)
