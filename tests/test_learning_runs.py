@@ -228,3 +228,28 @@ def test_futhark_holds_out_the_same_documents_and_its_doc_losses_match_numpy():
         np.testing.assert_allclose(backend._doc_losses(batch), reference._doc_losses(batch), rtol=1e-5, atol=1e-5)
     finally:
         backend.close()
+
+
+# OpenBLAS's threads during a batch ------------------------------------------------
+
+@pytest.mark.parametrize("batch_size, threads_in_step", [(1, None), (4, 1)])
+def test_a_batched_numpy_step_runs_on_one_blas_thread(batch_size, threads_in_step, monkeypatch):
+    from engine import blas
+    from engine.backends.numpy_backend import NumpyBackend
+
+    functions = blas.thread_functions()
+    if functions is None:
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS whose threads can be set")
+    _, get_threads = functions
+    before = get_threads()
+    backend = NumpyBackend(MODEL, replace(TRAIN, batch_size=batch_size), corpus())
+    seen = []
+    unchecked = NumpyBackend._train_steps_unchecked
+
+    def record(self, k):
+        seen.append(get_threads())
+        return unchecked(self, k)
+
+    monkeypatch.setattr(NumpyBackend, "_train_steps_unchecked", record)
+    backend.train(3)
+    assert seen == [threads_in_step or before] and get_threads() == before

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..blas import one_blas_thread
 from ..model import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad
 from ..sampling import sample_ids
 from .base import Backend, TrainState
@@ -23,6 +24,10 @@ from .base import Backend, TrainState
 # Below ADAM_MIN_PER_THREAD parameters per thread the hand-off costs more than it saves.
 ADAM_MIN_PER_THREAD = 1 << 20
 ADAM_MAX_THREADS = 4
+# A batch's products run on one OpenBLAS thread below this many parameters:
+# measured up to n_embd 128 (2 layers), where OpenBLAS's 2 threads took 4.6
+# times the CPU time of one and 5 times the wall time (engine/blas.py).
+BATCH_BLAS_THREADS_FROM = 1 << 20
 
 
 def usable_cores() -> int:
@@ -106,8 +111,14 @@ class NumpyBackend(Backend):
     def _train_steps(self, k: int) -> np.ndarray:
         # overflow shows up as a non-finite loss, which stops training with an
         # error; NumPy's own warnings about it would only add noise
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"), one_blas_thread(self._one_blas_thread()):
             return self._train_steps_unchecked(k)
+
+    def _one_blas_thread(self) -> bool:
+        """Whether a step's products run on one OpenBLAS thread (engine.blas): a
+        batch's products below BATCH_BLAS_THREADS_FROM parameters, on NumPy.
+        One document's products are too small for OpenBLAS to split anyway."""
+        return self.xp is np and self.split.batch_size > 1 and self.num_params < BATCH_BLAS_THREADS_FROM
 
     def _train_steps_unchecked(self, k: int) -> np.ndarray:
         xp = self.xp
