@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .backends import list_backends, open_backend
+from .backends import batch_refusal as engine_batch_refusal, list_backends, open_backend
 from .config import get_preset
 from .data import Corpus
 from .errors import Cancelled
@@ -78,6 +78,17 @@ class BenchResult:
     cores: int = 0
     busy: bool = False  # load_avg above cores: other work shared the CPU
     runs_ms: list[float] = field(default_factory=list)  # every round's ms/step
+    batch: int = 1  # documents per step
+    names_per_s: float = 0.0  # documents trained on per second (steps/s x batch)
+    # `bench --to-loss` (engine.bench_loss): training until the held-out loss reaches target_loss
+    target_loss: float | None = None
+    reached: bool = False  # an evaluation found the held-out loss at or below target_loss
+    train_s: float = 0.0  # training seconds until then (evaluation excluded)
+    eval_s: float = 0.0  # seconds the held-out evaluations took, apart
+    evals: int = 0
+    names_seen: int = 0
+    epochs: float = 0.0
+    heldout_loss: float | None = None  # the last evaluation's
 
 
 # what may run here --------------------------------------------------------
@@ -141,6 +152,7 @@ def load_average() -> float | None:
 
 
 def _open(backend: str, preset, corpus: Corpus):
+    """A runner for the preset: an engine backend, or the PyTorch reference."""
     if backend == TORCH:
         from .torch_reference import TorchReference
 
@@ -180,13 +192,18 @@ def _timed_chunks(runner, budget: Budget, pace: float | None) -> list[tuple[int,
     return chunks
 
 
-def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Budget()) -> BenchResult:
+def with_batch(preset, batch: int):
+    return replace(preset, train=replace(preset.train, batch_size=batch))
+
+
+def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Budget(),
+            batch: int = 1) -> BenchResult:
     """Time one configuration in this process (see the module's docstring)."""
     cores, load_before = os.cpu_count() or 1, load_average()
     # num_steps only sets the learning-rate decay (and the loss history's length):
     # far enough for the steps the budget may run even at 50,000 steps/s
     horizon = 100_000 + budget.steps + (budget.warmup or 0) + int(budget.seconds * 50_000)
-    preset = get_preset(preset_name).with_steps(horizon)
+    preset = with_batch(get_preset(preset_name).with_steps(horizon), batch)
     runner = _open(backend, preset, corpus)
     try:
         warmup, pace = _warm_up(runner, budget.warmup)
@@ -206,7 +223,8 @@ def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Bud
                            steps=sum(s for s, _ in chunks), seconds=sum(t for _, t in chunks),
                            chunks=len(chunks), warmup=warmup, sample_names=budget.sample_names,
                            sample_ms=sample_ms, load_avg=load, cores=cores,
-                           busy=load is not None and load > cores)
+                           busy=load is not None and load > cores, batch=batch,
+                           names_per_s=1e3 * batch / ms)
     finally:
         runner.close()
 
@@ -231,9 +249,11 @@ class Measurement:
     still running, so an exception or Ctrl+C never leaves a child behind.
     """
 
-    def __init__(self, backend: str, preset: str, data: Path, budget: Budget = Budget()):
+    def __init__(self, backend: str, preset: str, data: Path, budget: Budget = Budget(), batch: int = 1,
+                 to_loss=None):
         self.backend, self.preset = backend, preset
-        spec = {"backend": backend, "preset": preset, "data": str(data), **asdict(budget)}
+        spec = {"backend": backend, "preset": preset, "data": str(data), **asdict(budget), "batch": batch,
+                "to_loss": None if to_loss is None else asdict(to_loss)}
         # files, not pipes: a child writing a long error never blocks on a full pipe
         self._out = tempfile.TemporaryFile("w+", encoding="utf-8")
         self._err = tempfile.TemporaryFile("w+", encoding="utf-8")
@@ -297,19 +317,22 @@ class Measurement:
 
 
 def run_isolated(backend: str, preset: str, data: Path, budget: Budget = Budget(),
-                 cancel=None) -> BenchResult:
+                 cancel=None, batch: int = 1, to_loss=None) -> BenchResult:
     """Measure one configuration in a fresh process and wait for its row;
-    cancel (optional, polled every POLL_S s) ends it: Cancelled is raised."""
-    with Measurement(backend, preset, data, budget) as measurement:
+    cancel (optional, polled every POLL_S s) ends it: Cancelled is raised.
+    to_loss (an engine.bench_loss.ToLoss): train to a held-out loss instead of timing steps."""
+    with Measurement(backend, preset, data, budget, batch, to_loss) as measurement:
         return measurement.wait(cancel)
 
 
 # every configuration --------------------------------------------------------
 
 def run_bench(backends: list[str], presets: list[str], data: Path, budget: Budget = Budget(),
-              rounds: int = 1, on_row=lambda row: None) -> list[BenchResult]:
-    """Measure every (backend, preset); on_row(BenchResult) is called as rows come in
-    (first a "skipped" row for each backend that cannot run here).
+              rounds: int = 1, on_row=lambda row: None, batches: list[int] = (1,),
+              to_loss=None) -> list[BenchResult]:
+    """Measure every (backend, preset, batch); on_row(BenchResult) is called as rows come in
+    (first a "skipped" row for each backend that cannot run here, and one for
+    each batch size a backend does not train).
 
     Backends take turns on each preset, `rounds` times, so a neighbour's load
     falls on all of them alike; a row is the run with the median ms/step,
@@ -322,15 +345,27 @@ def run_bench(backends: list[str], presets: list[str], data: Path, budget: Budge
     for row in results:
         on_row(row)
     runnable = [b for b in backends if status[b][0]]
-    for preset in presets:
-        runs: dict[str, list[BenchResult]] = {backend: [] for backend in runnable}
-        for _ in range(rounds):
-            for backend in runnable:
-                runs[backend].append(run_isolated(backend, preset, data, budget))
+    for batch in batches:
         for backend in runnable:
-            results.append(median_run(runs[backend]))
-            on_row(results[-1])
+            if reason := batch_refusal(backend, batch):
+                results.append(BenchResult(backend, "-", "skipped", reason=reason, batch=batch))
+                on_row(results[-1])
+        batched = [b for b in runnable if not batch_refusal(b, batch)]
+        for preset in presets:
+            runs: dict[str, list[BenchResult]] = {backend: [] for backend in batched}
+            for _ in range(rounds):
+                for backend in batched:
+                    runs[backend].append(run_isolated(backend, preset, data, budget, batch=batch,
+                                                      to_loss=to_loss))
+            for backend in batched:
+                results.append(median_run(runs[backend]))
+                on_row(results[-1])
     return results
+
+
+def batch_refusal(backend: str, batch: int) -> str:
+    """Why `backend` does not train `batch` documents per step, or ""."""
+    return "" if backend == TORCH else engine_batch_refusal(backend, batch)
 
 
 def median_run(runs: list[BenchResult]) -> BenchResult:
@@ -352,8 +387,15 @@ def _worker(argv: list[str]) -> int:
     writes it); print its result as one JSON line."""
     spec = json.loads(argv[0])
     backend, preset, data = spec.pop("backend"), spec.pop("preset"), spec.pop("data")
+    batch, to_loss = spec.pop("batch", 1), spec.pop("to_loss", None)
     try:
-        result = measure(backend, preset, Corpus.from_file(data), Budget(**spec))
+        corpus = Corpus.from_file(data)
+        if to_loss is not None:
+            from .bench_loss import ToLoss, measure_to_loss
+
+            result = measure_to_loss(backend, preset, corpus, ToLoss(**to_loss), batch)
+        else:
+            result = measure(backend, preset, corpus, Budget(**spec), batch)
     except Exception as exc:  # reported as this row's error, not a traceback
         result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
     print(json.dumps(asdict(result)))

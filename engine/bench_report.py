@@ -13,12 +13,12 @@ import numpy as np
 
 from .bench import CHUNKS, BenchResult, Budget, torch_status
 
-_COLUMNS = "{:<17} {:<11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} {:>5}"  # 17: futhark-multicore
+_COLUMNS = "{:<17} {:<11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} {:>5} {:>8} {:>5}"  # 17: futhark-multicore
 
 
 def table_header() -> str:
     return _COLUMNS.format("backend", "preset", "params", "ms/step", "min", "max", "steps/s",
-                           "sample ms", "peak MB", "steps", "s", "load")
+                           "sample ms", "peak MB", "steps", "s", "batch", "names/s", "load")
 
 
 def is_busy(r: BenchResult) -> bool:
@@ -37,12 +37,39 @@ def status_text(r: BenchResult) -> str:
 
 def table_row(r: BenchResult) -> str:
     if r.status != "ok":
-        return f"{r.backend:<17} {r.preset:<11} {status_text(r)}"
+        batch = f" (batch {r.batch})" if r.batch != 1 else ""
+        return f"{r.backend:<17} {r.preset:<11} {status_text(r)}{batch}"
     row = _COLUMNS.format(r.backend, r.preset, f"{r.params:,}", f"{r.ms_per_step:.3f}", f"{r.ms_min:.3f}",
                           f"{r.ms_max:.3f}", f"{r.steps_per_s:.1f}",
                           "-" if r.sample_ms is None else f"{r.sample_ms:.1f}", f"{r.peak_rss_mb:.0f}",
-                          r.steps, f"{r.seconds:.1f}", "-" if r.load_avg is None else f"{r.load_avg:.1f}")
+                          r.steps, f"{r.seconds:.1f}", r.batch, f"{r.names_per_s:,.0f}",
+                          "-" if r.load_avg is None else f"{r.load_avg:.1f}")
     return row + (" busy" if is_busy(r) else "")
+
+
+# `bench --to-loss`: time to a held-out loss
+_LOSS_COLUMNS = "{:<17} {:<11} {:>5} {:>11} {:>7} {:>8} {:>7} {:>9} {:>10} {:>6} {:>8} {:>8} {:>5}"
+
+
+def to_loss_header() -> str:
+    return _LOSS_COLUMNS.format("backend", "preset", "batch", "params", "reached", "train s", "eval s",
+                                "steps", "names seen", "epochs", "held-out", "names/s", "load")
+
+
+def to_loss_row(r: BenchResult) -> str:
+    if r.status != "ok":
+        return table_row(r)
+    row = _LOSS_COLUMNS.format(r.backend, r.preset, r.batch, f"{r.params:,}", "yes" if r.reached else "no",
+                               f"{r.train_s:.1f}", f"{r.eval_s:.1f}", r.steps, f"{r.names_seen:,}",
+                               f"{r.epochs:.2f}", "-" if r.heldout_loss is None else f"{r.heldout_loss:.4f}",
+                               f"{r.names_per_s:,.0f}", "-" if r.load_avg is None else f"{r.load_avg:.1f}")
+    return row + (" busy" if r.busy else "")
+
+
+def to_loss_legend(target: float, time_limit: float) -> str:
+    return (f"training until the held-out loss is at most {target:g} (evaluated between train(k) calls) or "
+            f"{time_limit:g} s of training; train s: the train(k) calls only; eval s: the evaluations, apart; "
+            "each run is the preset's own (its steps set the learning-rate decay)")
 
 
 def legend(budget: Budget) -> str:

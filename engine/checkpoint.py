@@ -22,7 +22,7 @@ import secrets
 import time
 import zipfile
 import zlib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from .config import ModelConfig, TrainConfig, limits_problem
 from .data import MAX_DATASET_BYTES, MAX_VOCAB_CHARS, Corpus
 from .errors import CheckpointError, DatasetError
+from .learning import HeldoutPoint
 from .files import NotARegularFile, open_regular_file
 from .memory import available_memory_bytes, format_bytes, limit_note
 
@@ -38,12 +39,14 @@ try:
 except ImportError:  # Windows: a file being written cannot be deleted there anyway
     fcntl = None
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Format 1 (before batches and held-out documents) has none of these members;
+# it loads as the run it was: one document per step, nothing held out, no warm-up.
+NEW_IN_2 = {"train.batch_size": 1, "train.holdout": 0, "train.warmup_steps": 0,
+            "heldout_steps": None, "heldout_losses": None}
+READABLE_VERSIONS = (1, 2)
 _PARAM_ARRAYS = ("params", "m", "v")
 _CONFIGS = (("model.", ModelConfig), ("train.", TrainConfig))
-# fields added since format 1: a checkpoint written before one existed holds no
-# such member and loads it at its default (those runs had none of it)
-_ADDED_FIELDS = frozenset({"train.warmup_steps"})
 NPY_HEADER_BYTES = 4096  # the most a member's .npy header may take
 SCALAR_BYTES = NPY_HEADER_BYTES + 64
 
@@ -66,6 +69,7 @@ class Checkpoint:
     step: int
     losses: np.ndarray
     backend: str
+    heldout: list[HeldoutPoint] = field(default_factory=list)  # held-out evaluations, by step
 
 
 def _fields() -> dict[str, str]:
@@ -73,8 +77,8 @@ def _fields() -> dict[str, str]:
     kinds = {"format_version": "int", "step": "int", "backend": "text", "chars": "text", "docs": "text"}
     for prefix, config in _CONFIGS:
         for f in fields(config):
-            kinds[prefix + f.name] = "int" if f.type == "int" else "float"
-    kinds.update({name: "array" for name in (*_PARAM_ARRAYS, "losses")})
+            kinds[prefix + f.name] = "int" if f.type in ("int", "int | None") else "float"
+    kinds.update({name: "array" for name in (*_PARAM_ARRAYS, "losses", "heldout_steps", "heldout_losses")})
     return kinds
 
 
@@ -97,6 +101,10 @@ def save_checkpoint(path, backend) -> Path:
     for prefix, cfg in (("model.", backend.model), ("train.", backend.train_config)):
         for key, value in asdict(cfg).items():
             payload[prefix + key] = np.asarray(value)
+    payload["train.holdout"] = np.int64(backend.holdout)  # the count it resolved to, not None
+    heldout = backend.heldout_history
+    payload["heldout_steps"] = np.array([p.step for p in heldout], dtype=np.int64)
+    payload["heldout_losses"] = np.array([p.loss for p in heldout], dtype=np.float64)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(path.parent)
     fd, tmp = _create_temp_file(path)
@@ -226,11 +234,16 @@ def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
         return int(number) if kind == "int" else float(number)
 
     version = value("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format {version}; this version reads {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise CheckpointError(f"{path} has checkpoint format {version}; this version reads "
+                              f"{' and '.join(map(str, READABLE_VERSIONS))}")
+    _check_version_members(members, version, path)
+
+    def setting(key: str):
+        return value(key) if key in members else NEW_IN_2[key]
+
     try:
-        model, train = (config(**{f.name: value(prefix + f.name) for f in fields(config)
-                                  if prefix + f.name in members})
+        model, train = (config(**{f.name: setting(prefix + f.name) for f in fields(config)})
                         for prefix, config in _CONFIGS)
     except ValueError as exc:
         if isinstance(exc, CheckpointError):
@@ -266,8 +279,39 @@ def _read(z: zipfile.ZipFile, path: Path) -> Checkpoint:
     if negative:
         raise CheckpointError(f"{path}: 'v' holds {negative:,} negative values, but Adam's second "
                               "moment is an average of squares")
+    heldout = _read_heldout(z, members, path, step) if version >= 2 else []
     return Checkpoint(model, train, corpus, arrays["params"], arrays["m"], arrays["v"],
-                      step, losses, backend)
+                      step, losses, backend, heldout)
+
+
+def _check_version_members(members: dict, version: int, path: Path) -> None:
+    """Format 2's members are all there in a format 2 file, and none in a format 1 file."""
+    for key in NEW_IN_2:
+        if version >= 2 and key not in members:
+            raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has no '{key}'")
+        if version < 2 and key in members:
+            raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has an unexpected "
+                                  f"member '{key}.npy' for format {version}")
+
+
+def _read_heldout(z, members: dict, path: Path, step: int) -> list[HeldoutPoint]:
+    """The held-out evaluations: at most one per step from 0 to `step`, in order, finite."""
+    found = {}
+    for key, dtype in (("heldout_steps", np.int64), ("heldout_losses", np.float64)):
+        def expect(shape, got, key=key, dtype=dtype):
+            if got != dtype or len(shape) != 1 or shape[0] > step + 1:
+                raise CheckpointError(f"{path}: '{key}' must be a 1-D {np.dtype(dtype)} array of at "
+                                      f"most {step + 1:,} values (one per step), got {got} {shape}")
+        found[key] = _read_member(z, members[key], path, key, NPY_HEADER_BYTES + 8 * (step + 1),
+                                  f"at most {step + 1:,} values", expect)
+    steps, losses = found["heldout_steps"], found["heldout_losses"]
+    if len(steps) != len(losses):
+        raise CheckpointError(f"{path}: {len(steps)} held-out steps but {len(losses)} held-out losses")
+    if len(steps) and (steps[0] < 0 or steps[-1] > step or np.any(np.diff(steps) <= 0)):
+        raise CheckpointError(f"{path}: 'heldout_steps' must rise from 0 to at most step {step:,}")
+    if not np.all(np.isfinite(losses)):
+        raise CheckpointError(f"{path}: 'heldout_losses' holds NaN or infinite values")
+    return [HeldoutPoint(int(s), float(x)) for s, x in zip(steps, losses)]
 
 
 def _members(z: zipfile.ZipFile, path: Path, kinds: dict[str, str]) -> dict[str, zipfile.ZipInfo]:
@@ -282,7 +326,7 @@ def _members(z: zipfile.ZipFile, path: Path, kinds: dict[str, str]) -> dict[str,
             raise CheckpointError(f"{path}: '{key}' appears twice")
         members[key] = info
     for key in kinds:
-        if key not in members and key not in _ADDED_FIELDS:
+        if key not in members and key not in NEW_IN_2:  # those: _check_version_members
             raise CheckpointError(f"{path} is not a microgpt-gui checkpoint: it has no '{key}'")
     return members
 

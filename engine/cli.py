@@ -20,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, bench_report
+from . import bench, bench_loss, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
-from .config import MAX_NUM_STEPS, PRESETS, get_preset
+from .config import MAX_BATCH_SIZE, MAX_NUM_STEPS, PRESETS, get_preset
+from .batches import resolve_holdout
 from .data import DatasetError, default_dataset_path, load_corpus
 from .futhark import build as futhark_build
 from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
+from .learning import HoldoutSchedule, evaluate_if_due
 from .sampling import check_max_length, check_prefix_length, check_sample_args
 from .health import loss_warning
 
@@ -115,6 +117,17 @@ def name_list(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("must be a comma-separated list of names")
     return names
+
+
+def batch_size(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_BATCH_SIZE:,}, got {value:,}")
+    return value
+
+
+def batch_list(text: str) -> list[int]:
+    return [batch_size(name) for name in name_list(text)]
 
 
 def preset_name(text: str) -> str:
@@ -229,6 +242,9 @@ def build_parser() -> OneLineParser:
     demo.add_argument("--warmup-steps", type=step_count, metavar="N",
                       help="raise the learning rate linearly over the first N steps "
                            "(default: the preset's, 0 but for gpt2-small)")
+    demo.add_argument("--batch", type=batch_size, help="documents per step (default: the preset's; tiny: 1)")
+    demo.add_argument("--holdout", type=non_negative_int, help="documents held out for the held-out loss "
+                      "(default: min(1000, 10%% of the documents); 0: none)")
 
     default = bench.Budget()
     bench_cmd = commands.add_parser(
@@ -238,8 +254,8 @@ def build_parser() -> OneLineParser:
                     "whichever takes longer, then one timed sample call. Start-up, warm-up and "
                     "sampling add to a row's time: under a second at tiny, tens of seconds at gpt2-small.")
     bench_cmd.add_argument("--backends", type=name_list, help="comma-separated (default: every backend, and torch)")
-    bench_cmd.add_argument("--presets", type=preset_list, default=["tiny", "s128", "gpt2-small"],
-                           help="comma-separated (default tiny,s128,gpt2-small)")
+    bench_cmd.add_argument("--presets", type=preset_list,
+                           help="comma-separated (default tiny,s128,gpt2-small; with --to-loss: learn)")
     bench_cmd.add_argument("--steps", type=positive_int, default=default.steps,
                            help=f"measure at least this many steps (default {default.steps})")
     bench_cmd.add_argument("--seconds", type=non_negative_float, default=default.seconds,
@@ -252,6 +268,17 @@ def build_parser() -> OneLineParser:
                            help="measure each configuration this many times, taking turns; report the median run (default 1)")
     bench_cmd.add_argument("--json", type=Path, help="also write the results to this JSON file")
     bench_cmd.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
+    bench_cmd.add_argument("--batch", type=batch_list, default=[1], metavar="B[,B...]",
+                           help="documents per step, comma-separated (default 1); adds names/s to each row")
+    bench_cmd.add_argument("--to-loss", type=positive_float, metavar="X",
+                           help="instead of timing steps: train each (backend, preset, batch) until the "
+                                "held-out loss is at most X, and report the training seconds")
+    bench_cmd.add_argument("--time-limit", type=positive_float,
+                           metavar="S", help="with --to-loss: stop after S seconds of training "
+                                             f"(default {bench_loss.DEFAULT_TIME_LIMIT_S:g})")
+    bench_cmd.add_argument("--run-steps", type=positive_int, metavar="N",
+                           help="with --to-loss: the run's steps, over which the learning rate decays "
+                                "(default: the preset's)")
     return parser
 
 
@@ -305,10 +332,19 @@ def warmup_note(train) -> str:
     return f" (warm-up {train.warmup_steps:,} steps)" if train.warmup_steps else ""
 
 
+def check_holdout(holdout: int | None, corpus) -> None:
+    """The holdout check the backend makes, naming the option."""
+    try:
+        resolve_holdout(holdout, len(corpus))
+    except ValueError as exc:
+        raise ValueError(f"--{exc}" if holdout is not None else str(exc)) from None  # "--holdout 5 leaves..."
+
+
 def run_demo(args) -> int:
     check_backend(args.backend)  # before the dataset: a wrong name fails at once
     model, train = demo_configs(args)
     corpus = load_corpus(args.data)
+    check_holdout(args.holdout, corpus)
     check_prefix(args.prefix, corpus, model.block_size)
     if args.max_length is not None:
         check_max_length(args.max_length, model.block_size, len(args.prefix), "--max-length")
@@ -326,25 +362,36 @@ def run_demo(args) -> int:
               f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
               f"backend {args.backend}, lr {train.learning_rate:g}{warmup_note(train)}, "
               f"init_std {train.init_std:g}, seed {train.seed}")
+        docs = "document" if train.batch_size == 1 else "documents"
+        print(f"batch: {train.batch_size} {docs} per step; held out: {backend.holdout:,} documents, "
+              f"training on {backend.split.n_train:,}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
         report_every = max(1, args.steps // 10)
         warned = False
-        start = time.perf_counter()
+        schedule = HoldoutSchedule()
+        elapsed = 0.0
         while not backend.finished:
             mark = min(args.steps, (backend.step // report_every + 1) * report_every)
             # bounded calls: one call's losses come back as one array
+            start = time.perf_counter()
             losses = backend.train(min(mark - backend.step, MAX_STEPS_PER_CALL))
+            took = time.perf_counter() - start
+            elapsed += took
+            schedule.trained(took)
             if backend.step < mark:
                 continue
-            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}", flush=True)
+            heldout = evaluate_if_due(backend, schedule, backend.finished)
+            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}"
+                  + (f" | held-out {heldout:.4f}" if heldout is not None else "")
+                  + f" | epoch {backend.epochs:.2f}", flush=True)
             if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
                 print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
                 warned = True
-        elapsed = time.perf_counter() - start
         history = backend.loss_history
         tail = history[-min(50, len(history)):]
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
-              f"{1e3 * elapsed / args.steps:.3f} ms/step)")
+              f"{1e3 * elapsed / args.steps:.3f} ms/step, {backend.names_seen / elapsed:,.0f} names/s)")
+        print(final_heldout_line(backend, schedule))
         print("--- samples ---")
         names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix,
                                max_length=args.max_length)
@@ -353,6 +400,19 @@ def run_demo(args) -> int:
     finally:
         backend.close()
     return 0
+
+
+def final_heldout_line(backend, schedule: HoldoutSchedule) -> str:
+    if backend.holdout == 0:
+        return "held-out loss: none (no documents held out: --holdout 0 or a dataset under 10 documents)"
+    history = backend.heldout_history
+    if not history or history[-1].step != backend.step:
+        evaluate_if_due(backend, schedule, backend.finished)
+        history = backend.heldout_history
+    best = min(history, key=lambda p: p.loss)
+    return (f"held-out loss: {history[-1].loss:.4f} over {backend.holdout:,} documents (best {best.loss:.4f} "
+            f"at step {best.step}; {backend.epochs:.2f} epochs, {backend.names_seen:,} names seen; "
+            f"evaluation took {schedule.eval_seconds:.2f} s in {schedule.evaluations} passes)")
 
 
 # bench ---------------------------------------------------------------------
@@ -393,10 +453,22 @@ def run_benchmark(args, argv: list[str]) -> int:
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     budget = bench.Budget(args.steps, args.seconds, args.warmup, args.sample_names)
-    print(bench_report.legend(budget))
-    print(bench_report.table_header(), flush=True)
-    results = bench.run_bench(backends, args.presets, corpus_path, budget, args.rounds,
-                              on_row=lambda row: print(bench_report.table_row(row), flush=True))
+    goal = None
+    presets = args.presets or (["learn"] if args.to_loss is not None else ["tiny", "s128", "gpt2-small"])
+    if args.to_loss is not None:
+        goal = bench_loss.ToLoss(args.to_loss, args.time_limit or bench_loss.DEFAULT_TIME_LIMIT_S, args.run_steps)
+        print(bench_report.to_loss_legend(goal.target, goal.time_limit))
+        header, row_text = bench_report.to_loss_header, bench_report.to_loss_row
+    else:
+        for flag, value in (("--run-steps", args.run_steps), ("--time-limit", args.time_limit)):
+            if value is not None:
+                raise ValueError(f"{flag} goes with --to-loss X")
+        print(bench_report.legend(budget))
+        header, row_text = bench_report.table_header, bench_report.table_row
+    print(header(), flush=True)
+    results = bench.run_bench(backends, presets, corpus_path, budget, args.rounds,
+                              on_row=lambda row: print(row_text(row), flush=True), batches=args.batch,
+                              to_loss=goal)
     if note := bench_report.busy_note(results):
         print(note)
     if args.json:

@@ -15,7 +15,7 @@ from .sampling import check_sample_args
 # The engine's names for what a flag sets: its messages are shown with the flag typed.
 DEMO_FLAGS = {"num_steps": "--steps", "num_samples": "--samples", "learning_rate": "--lr",
               "init_std": "--init-std", "seed": "--seed", "temperature": "--temperature",
-              "warmup_steps": "--warmup-steps"}
+              "warmup_steps": "--warmup-steps", "batch_size": "--batch", "holdout": "--holdout"}
 BENCH_FLAGS = {"num_samples": "--sample-names"}
 
 
@@ -33,7 +33,8 @@ def demo_configs(args):
     try:
         preset = get_preset(args.preset).with_steps(args.steps)
         overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
-                                       ("seed", args.seed), ("warmup_steps", args.warmup_steps))
+                                       ("seed", args.seed), ("warmup_steps", args.warmup_steps),
+                                       ("batch_size", args.batch), ("holdout", args.holdout))
                      if v is not None}
         train = replace(preset.train, **overrides)
         check_sample_args(args.samples, args.temperature, train.seed)

@@ -15,7 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig, TrainConfig
+from .backends.base import EVAL_MAX_DOCS
+from .batches import DataSplit
 from .data import Corpus
+from .learning import HeldoutPoint
 from .model import RMS_EPS
 from .params import init_params, param_specs
 
@@ -36,12 +39,12 @@ class Block(nn.Module):
         self.mlp_fc2 = nn.Linear(4 * c, c, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t, c = x.shape
-        heads = lambda z: z.view(t, self.n_head, c // self.n_head).transpose(0, 1)  # noqa: E731
+        *lead, t, c = x.shape  # (T, C), or (B, T, C) for a batch
+        heads = lambda z: z.view(*lead, t, self.n_head, c // self.n_head).transpose(-2, -3)  # noqa: E731
         xn = rmsnorm(x)
         q, k, v = heads(self.attn_wq(xn)), heads(self.attn_wk(xn)), heads(self.attn_wv(xn))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(head_dim)
-        x = x + self.attn_wo(y.transpose(0, 1).reshape(t, c))
+        x = x + self.attn_wo(y.transpose(-2, -3).reshape(*lead, t, c))
         return x + self.mlp_fc2(F.relu(self.mlp_fc1(rmsnorm(x))))
 
 
@@ -55,7 +58,7 @@ class MicroGPT(nn.Module):
         self.layers = nn.ModuleList(Block(c, model.n_head) for _ in range(model.n_layer))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[0])
+        pos = torch.arange(tokens.shape[-1])
         x = rmsnorm(self.wte(tokens) + self.wpe(pos))
         for block in self.layers:
             x = block(x)
@@ -70,14 +73,28 @@ class MicroGPT(nn.Module):
                 own[f"{name}.weight"].copy_(torch.from_numpy(flat[spec.offset : spec.end].reshape(spec.shape)))
 
 
+def batch_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+    """Each real position's cross-entropy, summed, for padded documents (B, T+1)
+    (engine.batches.Batch's arrays): the sum and, with the count, the batch's mean."""
+    tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    logits = net(tokens[:, :-1])
+    nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
+    mask = torch.arange(nll.shape[1])[None, :] < torch.from_numpy(np.asarray(lengths, dtype=np.int64))[:, None]
+    return (nll * mask).sum()
+
+
 class TorchReference:
-    """Trains MicroGPT on the corpus one document per step, like the backends."""
+    """Trains MicroGPT on the corpus as the backends do: the same documents per
+    step (engine.batches.DataSplit), padded and masked at B > 1, and the same
+    held-out loss."""
 
     name = "torch"
 
     def __init__(self, model: ModelConfig, train: TrainConfig, corpus: Corpus,
                  params: np.ndarray | None = None):
         self.model, self.train_config, self.corpus = model, train, corpus
+        self.split = DataSplit(corpus, train.holdout, model.block_size, train.batch_size)
+        self.heldout_history: list[HeldoutPoint] = []
         if params is None:
             params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
         self.net = MicroGPT(model, corpus.vocab_size)
@@ -89,12 +106,44 @@ class TorchReference:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, train.lr_factor)
         self.step = 0
 
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.train_config.num_steps
+
+    @property
+    def holdout(self) -> int:
+        return self.split.holdout
+
+    @property
+    def names_seen(self) -> int:
+        return self.split.names_seen(self.step)
+
+    @property
+    def epochs(self) -> float:
+        return self.split.epochs(self.step)
+
+    def _step_loss(self) -> torch.Tensor:
+        if self.split.batch_size == 1:  # one document, unpadded: microgpt's step
+            inputs, targets = self.split.step_tokens(self.step)
+            logits = self.net(torch.from_numpy(inputs.astype(np.int64)))
+            return F.cross_entropy(logits, torch.from_numpy(targets.astype(np.int64)))
+        batch = self.split.batch(self.step)
+        return batch_losses(self.net, batch.tokens, batch.lengths) / batch.positions
+
+    def heldout_loss(self) -> float:
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in self.split.heldout_batches(EVAL_MAX_DOCS):
+                total += float(batch_losses(self.net, batch.tokens, batch.lengths))
+                count += batch.positions
+        self.heldout_history.append(HeldoutPoint(self.step, total / count))
+        return total / count
+
     def train(self, k: int) -> np.ndarray:
+        k = max(0, min(k, self.train_config.num_steps - self.step))
         losses = np.empty(k, dtype=np.float32)
         for i in range(k):
-            inputs, targets = self.corpus.step_tokens(self.step, self.model.block_size)
-            logits = self.net(torch.from_numpy(inputs.astype(np.int64)))
-            loss = F.cross_entropy(logits, torch.from_numpy(targets.astype(np.int64)))
+            loss = self._step_loss()
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()

@@ -11,7 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QVBoxLayout, QWidget
 
-from engine import inspect as ins
+from engine import introspect as ins
 
 from .inspect_hub import InspectHub
 from .controls import buddy, plot_widget

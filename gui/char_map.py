@@ -18,7 +18,7 @@ from PySide6.QtCore import QPointF, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from engine import inspect as ins
+from engine import introspect as ins
 
 from .controls import plot_widget
 from .inspect_hub import InspectHub

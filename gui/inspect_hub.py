@@ -17,7 +17,7 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
-from engine.inspect import Snapshot
+from engine.introspect import Snapshot
 
 from .latest_worker import LatestRequestWorker
 

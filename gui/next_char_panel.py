@@ -17,7 +17,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QDoubleSpinBox, QGridLayout, QHBoxLayout, QLabel,
                                QLineEdit, QListWidget, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from engine import inspect as ins
+from engine import introspect as ins
 
 from .inspect_hub import InspectHub
 from .controls import buddy, plot_widget, take_seed

@@ -24,7 +24,7 @@ import numpy as np
 from PySide6.QtCore import QObject, Signal, Slot
 
 import engine
-from engine.inspect import Snapshot
+from engine.introspect import Snapshot
 
 TARGET_CHUNK_S = 0.05  # each backend.train(k) call should take about this long
 MAX_STEPS_PER_CHUNK = 4096

@@ -175,6 +175,18 @@ entry grad_vjp [p][l][n][d] (s: model [l][n][d]) (w: weights [p]) (step: i64): (
   let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
   in vjp2 (loss s.dims s.layout inputs targets) w.params 1
 
+-- | The held-out loss's parts: for H documents padded to T + 1 tokens
+-- (inputs tokens[:, :T], targets one further), each document's summed
+-- cross-entropy over its first lengths[i] positions, and that count.  A
+-- forward pass only, mapped over the documents.
+entry doc_losses [p][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [p]) (tokens: [h][t1]i32)
+                                     (lengths: [h]i64): ([h]f32, [h]i64) =
+  let t = t1 - 1
+  let doc row length =
+    let losses = position_losses s.dims s.layout (row[:t] :> [t]i32) (row[1:] :> [t]i32) w.params
+    in f32.sum (map2 (\i x -> if i < length then x else 0) (iota t) losses)
+  in (map2 doc tokens lengths, lengths)
+
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix, of at most max_length characters: row j holds the
 -- max_length - len(prefix) tokens drawn after the prefix, then bos to the end.

@@ -233,14 +233,20 @@ def cross_entropy [v] (logits: [v]f32) (target: i32): f32 =
   let z = map (\l -> l - top) logits
   in f32.log (f32.sum (map f32.exp z)) - z[i64.i32 target]
 
--- | Mean cross-entropy of predicting targets[i] after inputs[0..i], with
--- the layers run by `block_acts` (its activations unused): what `vjp`
--- differentiates for the gradient oracle.
-def loss [p][t] (d: dims) (layout: []i64) (inputs: [t]i32) (targets: [t]i32) (flat: [p]f32): f32 =
+-- | The cross-entropy of predicting targets[i] after inputs[0..i], for
+-- each position i, with the layers run by `block_acts` (its activations
+-- unused).  Position i depends on positions 0..i only, so a document
+-- padded at its end has the same losses at its real positions.
+def position_losses [p][t] (d: dims) (layout: []i64) (inputs: [t]i32) (targets: [t]i32) (flat: [p]f32): [t]f32 =
   let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
   let (c3, f) = (3 * c, 4 * c)
   let (wte, wpe, lm_head) = embeddings flat layout v b c
   let (x0, _) = embed wte wpe inputs
   let x = loop x = x0 for l < d.n_layer do
             (block_acts d.n_head (layer_at flat layout c c3 f l) x).0
-  in f32.sum (map2 cross_entropy (linear x lm_head) targets) / f32.i64 t
+  in map2 cross_entropy (linear x lm_head) targets
+
+-- | Mean cross-entropy over the T positions: what `vjp` differentiates for
+-- the gradient oracle.
+def loss [p][t] (d: dims) (layout: []i64) (inputs: [t]i32) (targets: [t]i32) (flat: [p]f32): f32 =
+  f32.sum (position_losses d layout inputs targets flat) / f32.i64 t

@@ -42,7 +42,7 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     import engine
-    from engine import inspect as ins
+    from engine import introspect as ins
     from engine.runs import RunRecord
     from gui.attention_view import AttentionPanel
     from gui.char_map import CharMapPanel

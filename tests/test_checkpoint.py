@@ -9,7 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dataclasses import replace
+
 from checkpoint_support import TRAIN
+from engine.batches import default_holdout
 from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint, save_checkpoint
 
 
@@ -26,7 +29,9 @@ def test_resume_gives_the_same_next_losses(run, saved, small_corpus, small_model
 
 def test_checkpoint_holds_configs_vocab_docs_and_moments(run, saved, small_corpus, small_model):
     ck = read_checkpoint(saved)
-    assert ck.model == small_model and ck.train == TRAIN and ck.step == 6 and ck.backend == "numpy"
+    # the held-out count is stored as the run resolved it (TRAIN's None: the default for 15 documents)
+    assert ck.model == small_model and ck.step == 6 and ck.backend == "numpy"
+    assert ck.train == replace(TRAIN, holdout=default_holdout(len(small_corpus)))
     assert ck.corpus.docs == small_corpus.docs and ck.corpus.chars == small_corpus.chars
     state = run.get_state()
     for name in ("params", "m", "v"):
@@ -43,7 +48,7 @@ def test_a_run_saved_during_its_warmup_resumes_on_the_same_schedule(small_corpus
     first.save(tmp_path / "warm.npz")
     assert read_checkpoint(tmp_path / "warm.npz").train.warmup_steps == 10
     resumed = load_checkpoint(tmp_path / "warm.npz")
-    assert resumed.train_config == train
+    assert resumed.train_config == replace(train, holdout=default_holdout(len(small_corpus)))
     assert np.array_equal(resumed.train(8), expected[4:])
 
 

@@ -382,11 +382,12 @@ def test_bench_writes_json(tmp_path, capsys):
     table = out.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("backend "))
     assert table[header].split() == ["backend", "preset", "params", "ms/step", "min", "max", "steps/s",
-                                     "sample", "ms", "peak", "MB", "steps", "s", "load"]
+                                     "sample", "ms", "peak", "MB", "steps", "s", "batch", "names/s", "load"]
     cells = table[header + 1].split()
     assert cells[:3] == ["numpy", "tiny", f"{row['params']:,}"]
     assert [float(c) for c in cells[3:6]] == pytest.approx([row["ms_per_step"], row["ms_min"], row["ms_max"]], abs=6e-4)
     assert ("busy" in cells) == row["busy"] == ("warning: the machine was busy" in out)
+    assert (row["batch"], row["names_per_s"]) == (1, pytest.approx(row["steps_per_s"]))
 
 
 def test_bench_lists_unavailable_backends_as_skipped(tmp_path, monkeypatch, capsys):

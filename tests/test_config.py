@@ -129,6 +129,7 @@ PRESET_SHAPES = {  # name: (n_embd, n_layer, n_head, block_size), from issue 2
     "s128": (128, 4, 4, 128),
     "s256": (256, 6, 8, 256),
     "gpt2-small": (768, 12, 12, 1024),
+    "learn": (32, 2, 4, 16),  # issue 18: the preset for learning, 32 names per step
 }
 
 

@@ -181,3 +181,18 @@ def test_gpu_out_of_memory_becomes_backend_error_and_recovers(cupy, names_corpus
     ref = NumpyBackend(preset.model, preset.train, names_corpus)
     np.testing.assert_allclose(dev.train(2), ref.train(2), rtol=0, atol=1e-4)
     dev.close()
+
+
+@gpu
+def test_gpu_batched_steps_and_heldout_loss_match_numpy(cupy, names_corpus):
+    """B = 8 documents per step, padded and gathered on the device, and the
+    held-out loss: the NumPy backend's, to float32 rounding."""
+    model = ModelConfig(32, 2, 4, 16)
+    train = TrainConfig(num_steps=100, batch_size=8, learning_rate=0.005, init_std=0.05)
+    ref, dev = NumpyBackend(model, train, names_corpus), open_backend("cupy", model, train, names_corpus)
+    try:
+        np.testing.assert_allclose(dev.train(30), ref.train(30), rtol=0, atol=1e-4)
+        assert dev.heldout_loss() == pytest.approx(ref.heldout_loss(), abs=1e-4)
+        assert dev.epochs == ref.epochs and dev.names_seen == 240
+    finally:
+        dev.close()

@@ -6,6 +6,7 @@ import pytest
 
 from engine import Corpus, ModelConfig, init_params, param_specs
 from engine.model import Weights, loss_and_grad
+from reference_model import plain_loss_sum
 
 MODEL = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)
 H = 1e-5          # central-difference step (float64)
@@ -36,34 +37,7 @@ def loss_at(flat, specs, inputs, targets):
 
 def reference_loss(flat, specs, inputs, targets):
     """The same loss written plainly, position by position (no backward pass)."""
-    p = {s.name: flat[s.offset : s.end].reshape(s.shape) for s in specs}
-    c, nh = MODEL.n_embd, MODEL.n_head
-    hd = c // nh
-    norm = lambda v: v / np.sqrt(np.mean(v * v) + 1e-5)  # noqa: E731
-    keys = [[] for _ in range(MODEL.n_layer)]
-    vals = [[] for _ in range(MODEL.n_layer)]
-    total = 0.0
-    for pos, (tok, tgt) in enumerate(zip(inputs, targets)):
-        x = norm(p["wte"][tok] + p["wpe"][pos])
-        for i in range(MODEL.n_layer):
-            pre = f"layer{i}."
-            xn = norm(x)
-            q, k, v = (p[pre + n] @ xn for n in ("attn_wq", "attn_wk", "attn_wv"))
-            keys[i].append(k)
-            vals[i].append(v)
-            heads = []
-            for h in range(nh):
-                sl = slice(h * hd, (h + 1) * hd)
-                logits = np.array([q[sl] @ kk[sl] for kk in keys[i]]) / np.sqrt(hd)
-                w = np.exp(logits - logits.max())
-                w /= w.sum()
-                heads.append(sum(wt * vv[sl] for wt, vv in zip(w, vals[i])))
-            x = x + p[pre + "attn_wo"] @ np.concatenate(heads)
-            x = x + p[pre + "mlp_fc2"] @ np.maximum(p[pre + "mlp_fc1"] @ norm(x), 0)
-        logits = p["lm_head"] @ x
-        logits = logits - logits.max()
-        total += np.log(np.exp(logits).sum()) - logits[tgt]
-    return total / len(inputs)
+    return plain_loss_sum(flat, specs, MODEL, inputs, targets) / len(inputs)
 
 
 @pytest.mark.parametrize("doc", [0, 1], ids=["short-doc", "truncated-doc"])

@@ -133,11 +133,15 @@ def gpt(sd, token, pos, keys, values, n_layer, n_head):
     return linear(x, sd["lm_head"])
 
 
-def microgpt_train(docs, flat_init, model, train, steps):
+def microgpt_train(docs, flat_init, model, train, steps, batch_size=1, n_train=None):
     """microgpt's training loop from the given initial parameters.
 
+    With batch_size B, step s trains on documents (s*B + b) % n_train (default:
+    all of them), its loss the mean over all their positions (the engine's
+    batches, written microgpt's way: no padding, one document at a time).
     Returns the per-step losses and the final parameters (float64, layout order).
     """
+    n_train = len(docs) if n_train is None else n_train
     chars = sorted(set("".join(docs)))
     bos = len(chars)
     vocab = bos + 1
@@ -155,16 +159,17 @@ def microgpt_train(docs, flat_init, model, train, steps):
     b1, b2, eps = train.beta1, train.beta2, train.eps
     losses = []
     for step in range(steps):
-        doc = docs[step % len(docs)]
-        tokens = [bos] + [chars.index(ch) for ch in doc] + [bos]
-        n = min(model.block_size, len(tokens) - 1)
-        keys, vals = [[] for _ in range(model.n_layer)], [[] for _ in range(model.n_layer)]
         step_losses = []
-        for pos in range(n):
-            logits = gpt(sd, tokens[pos], pos, keys, vals, model.n_layer, model.n_head)
-            probs = softmax(logits)
-            step_losses.append(-probs[tokens[pos + 1]].log())
-        loss = total(step_losses) * (1.0 / n)
+        for b in range(batch_size):
+            doc = docs[(step * batch_size + b) % n_train]
+            tokens = [bos] + [chars.index(ch) for ch in doc] + [bos]
+            n = min(model.block_size, len(tokens) - 1)
+            keys, vals = [[] for _ in range(model.n_layer)], [[] for _ in range(model.n_layer)]
+            for pos in range(n):
+                logits = gpt(sd, tokens[pos], pos, keys, vals, model.n_layer, model.n_head)
+                probs = softmax(logits)
+                step_losses.append(-probs[tokens[pos + 1]].log())
+        loss = total(step_losses) * (1.0 / len(step_losses))
         loss.backward()
         lr_t = train.learning_rate * (1 - step / train.num_steps)
         for i, p in enumerate(params):
@@ -216,7 +221,7 @@ def test_multi_layer_multi_head_with_truncation(tmp_path, small_corpus, small_mo
     path = tmp_path / "small.txt"
     path.write_text("\n".join(sorted(small_corpus.docs)) + "\n")
     model = small_model
-    train = TrainConfig(num_steps=40, learning_rate=0.02, seed=3)
+    train = TrainConfig(num_steps=40, learning_rate=0.02, seed=3, holdout=0)  # microgpt holds out nothing
     docs = microgpt_docs(path)
     assert any(len(d) > model.block_size - 1 for d in docs[:20])
     vocab = len(set("".join(docs))) + 1

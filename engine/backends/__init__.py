@@ -67,6 +67,13 @@ def probe_backend(name: str) -> tuple[bool, str]:
     return bool(available), reason
 
 
+def batch_refusal(name: str, batch: int) -> str:
+    """Why backend `name` does not train `batch` documents per step, or "" (it does)."""
+    from .futhark_backend import batch_refusal as futhark_refusal
+
+    return futhark_refusal(name, batch) if name in FUTHARK_BACKENDS else ""
+
+
 def open_backend(name: str, model: ModelConfig, train: TrainConfig, corpus: Corpus,
                  params=None) -> Backend:
     """A ready backend starting from init_params (or the given flat params)."""
@@ -88,12 +95,12 @@ def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = 
     if ck.step > train.num_steps:
         raise ValueError(f"num_steps {train.num_steps} is below the checkpoint's step {ck.step}")
     opened = open_backend(backend, ck.model, train, ck.corpus, params=ck.params)
-    opened.set_state(TrainState(ck.params, ck.m, ck.v, ck.step), losses=ck.losses)
+    opened.set_state(TrainState(ck.params, ck.m, ck.v, ck.step), losses=ck.losses, heldout=ck.heldout)
     return opened
 
 
 __all__ = ["Backend", "BackendError", "BackendInfo", "TrainingDiverged", "TrainState",
-           "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
+           "batch_refusal", "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
 
 from .futhark_backend import FUTHARK_BACKENDS  # noqa: E402  (imports nothing heavy)
 

@@ -14,8 +14,10 @@ import numpy as np
 
 from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
+from ..batches import Batch, DataSplit
 from ..data import Corpus
 from ..errors import BackendError, TrainingDiverged
+from ..learning import HeldoutPoint
 from ..memory import available_memory_bytes, format_bytes, format_count, grown, limit_note
 from ..model import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
@@ -52,6 +54,10 @@ def sample_rows_to_ids(rows, bos: int) -> list[list[int]]:
 
 # Allocations under this size are not checked against free memory (the check reads /proc).
 LARGE_ALLOCATION = 64 << 20
+# The held-out loss evaluates documents in batches of at most this many, fewer
+# where their activations would pass EVAL_BYTES.
+EVAL_MAX_DOCS = 1024
+EVAL_BYTES = 64 << 20
 
 
 class Backend(ABC):
@@ -68,6 +74,8 @@ class Backend(ABC):
         if not isinstance(model, ModelConfig) or not isinstance(train, TrainConfig):
             raise TypeError("open_backend needs a ModelConfig and a TrainConfig")
         self.model, self.train_config, self.corpus = model, train, corpus
+        # which documents train, which are held out (ValueError if none would train)
+        self.split = DataSplit(corpus, train.holdout, model.block_size, train.batch_size)
         self.num_params = model.num_params(corpus.vocab_size)
         self._check_host_memory()  # before anything the size of the model exists
         self.specs = param_specs(model, corpus.vocab_size)
@@ -77,6 +85,7 @@ class Backend(ABC):
             raise ValueError(f"expected {self.num_params} parameters, got {params.shape}")
         self._step = 0
         self._losses = np.empty(0, dtype=np.float32)  # grows as steps happen (_record_losses)
+        self._heldout: list[HeldoutPoint] = []  # every held-out evaluation, by step
         self._setup(np.ascontiguousarray(params, dtype=np.float32))
 
     # memory -----------------------------------------------------------------
@@ -86,9 +95,9 @@ class Backend(ABC):
         needs = [(f"{self.host_buffers} copies of the parameters (weights, gradient, Adam moments, "
                   "copies while saving)", self.host_buffers * self.num_params * 4)]
         if self.host_activations:
-            t = min(model.block_size, self.corpus.arrays.max_length - 1)
-            needs.append((f"a training step's activations ({t:,} tokens)",
-                          step_activation_bytes(model, vocab, t)))
+            t, b = min(model.block_size, self.corpus.arrays.max_length - 1), self.train_config.batch_size
+            needs.append((f"a training step's activations ({b:,} x {t:,} tokens)",
+                          step_activation_bytes(model, vocab, t, b)))
             needs.append(("sampling", sampling_memory_bytes(self.model, self.corpus.vocab_size)))
         return needs
 
@@ -151,6 +160,11 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def _doc_losses(self, batch: Batch) -> np.ndarray:
+        """Forward only, at the current parameters: each document's summed loss
+        over its real positions, (B,) float. batch: held-out documents (host arrays)."""
+
+    @abstractmethod
     def _get_state(self) -> TrainState: ...
 
     @abstractmethod
@@ -172,6 +186,48 @@ class Backend(ABC):
     @property
     def loss_history(self) -> np.ndarray:
         return self._losses[: self._step].copy()
+
+    # batches, epochs and the held-out loss -----------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.split.batch_size
+
+    @property
+    def holdout(self) -> int:
+        """Documents held out of training (0: none, and no held-out loss)."""
+        return self.split.holdout
+
+    @property
+    def names_seen(self) -> int:
+        """Training documents trained on so far (repeats counted): step x batch size."""
+        return self.split.names_seen(self._step)
+
+    @property
+    def epochs(self) -> float:
+        """Passes over the training documents so far."""
+        return self.split.epochs(self._step)
+
+    @property
+    def heldout_history(self) -> list[HeldoutPoint]:
+        return list(self._heldout)
+
+    def heldout_loss(self) -> float:
+        """The mean per-token loss over every held-out document at the current
+        parameters (a forward pass only; training state unchanged). Recorded in
+        heldout_history at the current step."""
+        if self.holdout == 0:
+            raise ValueError("this run holds out no documents (holdout 0): there is no held-out loss")
+        t = int(self.split.positions.max())
+        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, t))
+        total, count = 0.0, 0
+        for batch in self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc))):
+            total += float(np.sum(np.asarray(self._doc_losses(batch), dtype=np.float64)))
+            count += batch.positions
+        loss = total / count
+        if self._heldout and self._heldout[-1].step == self._step:  # evaluated again: same parameters
+            self._heldout.pop()
+        self._heldout.append(HeldoutPoint(self._step, loss))
+        return loss
 
     def train(self, k: int) -> np.ndarray:
         """The chunked step call: run the next k steps, return each step's loss.
@@ -236,8 +292,10 @@ class Backend(ABC):
     def get_state(self) -> TrainState:
         return self._get_state()
 
-    def set_state(self, state: TrainState, losses: np.ndarray | None = None) -> None:
-        """Restore a training state (checkpoints, switching backends mid-run)."""
+    def set_state(self, state: TrainState, losses: np.ndarray | None = None,
+                  heldout: list[HeldoutPoint] | None = None) -> None:
+        """Restore a training state (checkpoints, switching backends mid-run), with
+        the held-out evaluations of the steps up to it."""
         n = self.num_params
         for name in ("params", "m", "v"):
             arr = getattr(state, name)
@@ -254,6 +312,7 @@ class Backend(ABC):
             known = np.asarray(losses, dtype=np.float32)[:step]
             history[: len(known)] = known
         self._step, self._losses = step, history  # grows from here as _record_losses adds steps
+        self._heldout = [HeldoutPoint(int(p.step), float(p.loss)) for p in (heldout or []) if p.step <= step]
 
     def save(self, path) -> None:
         save_checkpoint(path, self)

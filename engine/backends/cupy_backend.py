@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from ..model import adam_scales, loss_and_grad
+from ..model import adam_scales
 from ..errors import BackendError
 from .base import losses_until_divergence
 from .numpy_backend import NumpyBackend
@@ -296,9 +296,13 @@ class CupyBackend(NumpyBackend):
             raise BackendError(self._oom_message("opening the cupy backend")) from None
 
     def _tokens(self, step: int):
-        """Corpus.step_tokens, as views of the tokens already on the device."""
-        off, n = self.corpus.step_window(step, self.model.block_size)
+        """DataSplit.step_tokens, as views of the tokens already on the device."""
+        off, n = self.split.window(step)
         return self._d_tokens[off : off + n], self._d_tokens[off + 1 : off + 1 + n]
+
+    def _batch(self, step: int):
+        """DataSplit.batch, gathered from the tokens already on the device."""
+        return self.split.batch(step, self._d_tokens, self.xp)
 
     def _to_host(self, arr) -> np.ndarray:
         if isinstance(arr, (np.ndarray, np.generic, float)):
@@ -327,8 +331,7 @@ class CupyBackend(NumpyBackend):
             ok = xp.ones(k + 1, dtype=xp.int32)  # ok[i]: losses 0..i-1 all finite
             for i in range(k):
                 step = self._step + i
-                inputs, targets = self._tokens(step)
-                loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
+                loss = self._step_loss(step)
                 self._fused_step(loss, losses, ok, i, adam_scalars(tc, step))
                 done = i + 1
         except Exception as exc:
@@ -351,17 +354,26 @@ class CupyBackend(NumpyBackend):
 
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
                     cancel=None, *, max_length: int) -> list[list[int]]:
+        # NumPy's sampler with xp = cupy: the model runs on the GPU, the draw
+        # (engine.sampling's definition) on the host copies of the logits
+        return self._without_running_out(f"sampling {num_samples} names", " Ask for fewer samples at once.",
+                                         super()._sample_ids, num_samples, temperature, seed, prefix, cancel,
+                                         max_length=max_length)
+
+    def _doc_losses(self, batch) -> np.ndarray:
+        return self._without_running_out("evaluating the held-out loss", "", super()._doc_losses, batch)
+
+    def _without_running_out(self, doing: str, advice: str, call, *args, **kwargs):
+        """call(*args, **kwargs) on the open backend; GPU out-of-memory becomes a BackendError
+        (the training state is untouched: sampling and evaluation only read it)."""
         self._check_open()
         try:
-            # NumPy's sampler with xp = cupy: the model runs on the GPU, the draw
-            # (engine.sampling's definition) on the host copies of the logits
-            return super()._sample_ids(num_samples, temperature, seed, prefix, cancel, max_length=max_length)
+            return call(*args, **kwargs)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             self._free_pool()
-            raise BackendError(self._oom_message(f"sampling {num_samples} names",
-                                                 " Ask for fewer samples at once.")) from None
+            raise BackendError(self._oom_message(doing, advice)) from None
 
     # memory ------------------------------------------------------------------
     def _oom_message(self, doing: str, after: str = "") -> str:

@@ -71,19 +71,31 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
 
 
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
-                    blocks: int = 1) -> tuple:
+                    blocks: int = 1, n_train: int | None = None) -> tuple:
     """The arguments of the kernel's `new_model` entry point, in order. `blocks`:
-    how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C."""
+    how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C.
+    n_train: the documents training cycles over, the first n_train of the
+    training order (engine.batches.DataSplit; None: all); the kernel's step
+    reads document step % (the documents it is given)."""
     arrays = corpus.arrays
+    docs = slice(0, len(corpus) if n_train is None else n_train)
     return (
         model.n_embd, model.n_layer, model.n_head, model.block_size, corpus.vocab_size,
         float(train.learning_rate), float(train.beta1), float(train.beta2), float(train.eps),
         train.num_steps, train.warmup_steps, blocks,
         layout_offsets(specs, model, corpus.vocab_size),
         np.ascontiguousarray(arrays.tokens, dtype=np.int32),
-        np.ascontiguousarray(arrays.offsets, dtype=np.int64),
-        np.ascontiguousarray(arrays.lengths, dtype=np.int32),
+        np.ascontiguousarray(arrays.offsets[docs], dtype=np.int64),
+        np.ascontiguousarray(arrays.lengths[docs], dtype=np.int32),
     )
+
+
+def batch_refusal(name: str, batch: int) -> str:
+    """Why a Futhark backend does not train `batch` documents per step, or ""."""
+    if batch == 1:
+        return ""
+    return (f"the {name} backend trains one document per step; batch size {batch} runs on "
+            "numpy or cupy (batches in the Futhark kernel are still to come)")
 
 
 class FutharkBackend(Backend):
@@ -91,9 +103,11 @@ class FutharkBackend(Backend):
     target = "c"  # Futhark's compiler backend
 
     def _setup(self, params: np.ndarray) -> None:
+        if refusal := batch_refusal(self.name, self.split.batch_size):
+            raise BackendError(refusal)
         self._fut = open_context(self.library_target(), self.threads())
         self._model = self._call("new_model", *model_arguments(
-            self.model, self.train_config, self.corpus, self.specs, self.blocks()))
+            self.model, self.train_config, self.corpus, self.specs, self.blocks(), self.split.n_train))
         self._lost = ""  # why the weights are gone (a failed train call consumed them)
         self._weights = self._call("initial_weights", self._model, np.ascontiguousarray(params, np.float32))
 
@@ -156,6 +170,12 @@ class FutharkBackend(Backend):
                                            temperature, seed % 2**64, first, max_length))
             samples += sample_rows_to_ids(rows, self.corpus.bos)
         return samples
+
+    def _doc_losses(self, batch) -> np.ndarray:
+        sums, _ = self._call("doc_losses", self._model, self._current_weights(),
+                             np.ascontiguousarray(batch.tokens, dtype=np.int32),
+                             np.ascontiguousarray(batch.lengths, dtype=np.int64))
+        return self._values(sums)
 
     def _get_state(self) -> TrainState:
         weights = self._current_weights()

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..model import ADAM_BLOCK, Weights, adam_update, loss_and_grad
+from ..blas import one_blas_thread
+from ..model import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad
 from ..sampling import sample_ids
 from .base import Backend, TrainState
 
@@ -23,6 +24,10 @@ from .base import Backend, TrainState
 # Below ADAM_MIN_PER_THREAD parameters per thread the hand-off costs more than it saves.
 ADAM_MIN_PER_THREAD = 1 << 20
 ADAM_MAX_THREADS = 4
+# A batch's products run on one OpenBLAS thread below this many parameters:
+# measured up to n_embd 128 (2 layers), where OpenBLAS's 2 threads took 4.6
+# times the CPU time of one and 5 times the wall time (engine/blas.py).
+BATCH_BLAS_THREADS_FROM = 1 << 20
 
 
 def usable_cores() -> int:
@@ -80,21 +85,47 @@ class NumpyBackend(Backend):
         return np.array(arr, dtype=np.float32, copy=True)
 
     def _tokens(self, step: int):
-        return self.corpus.step_tokens(step, self.model.block_size)
+        """At B = 1: the step's inputs and targets (microgpt's step)."""
+        return self.split.step_tokens(step)
+
+    def _batch(self, step: int):
+        """At B > 1: the step's padded documents."""
+        return self.split.batch(step)
+
+    def _step_loss(self, step: int):
+        """Loss of step `step`, its gradient written into self.g. B = 1 runs one
+        unpadded document, exactly microgpt's step."""
+        if self.split.batch_size == 1:
+            inputs, targets = self._tokens(step)
+            return loss_and_grad(self.w, self.gw, inputs, targets, self.model, self.xp)
+        batch = self._batch(step)
+        return loss_and_grad(self.w, self.gw, batch.inputs, batch.targets, self.model, self.xp,
+                             batch.lengths)
+
+    def _doc_losses(self, batch) -> np.ndarray:
+        tokens = self.xp.asarray(batch.tokens)
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = doc_losses(self.w, tokens[:, :-1], tokens[:, 1:], batch.lengths, self.model, self.xp)
+        return self._to_host(sums)
 
     def _train_steps(self, k: int) -> np.ndarray:
         # overflow shows up as a non-finite loss, which stops training with an
         # error; NumPy's own warnings about it would only add noise
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"), one_blas_thread(self._one_blas_thread()):
             return self._train_steps_unchecked(k)
+
+    def _one_blas_thread(self) -> bool:
+        """Whether a step's products run on one OpenBLAS thread (engine.blas): a
+        batch's products below BATCH_BLAS_THREADS_FROM parameters, on NumPy.
+        One document's products are too small for OpenBLAS to split anyway."""
+        return self.xp is np and self.split.batch_size > 1 and self.num_params < BATCH_BLAS_THREADS_FROM
 
     def _train_steps_unchecked(self, k: int) -> np.ndarray:
         xp = self.xp
         losses = xp.empty(k, dtype=xp.float32)
         for i in range(k):
             step = self._step + i
-            inputs, targets = self._tokens(step)
-            loss = loss_and_grad(self.w, self.gw, inputs, targets, self.model, xp)
+            loss = self._step_loss(step)
             if not np.isfinite(xp.dot(self.g, self.g)):
                 # a finite loss can still have a NaN/inf gradient (overflow in the
                 # backward pass); Adam would write NaN into every parameter

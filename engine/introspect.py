@@ -25,7 +25,6 @@ from .sampling import check_prefix_length
 END_LABEL = "end"  # bos as the next character: the name ends here
 START_LABEL = "start"  # bos as the first input position
 VOWELS = frozenset("aeiou")
-P_INDEX = 5  # attention probabilities in each layer's forward(keep=True) cache entry
 
 CancelFn = Callable[[], bool] | None
 
@@ -214,7 +213,7 @@ def attention(snap: Snapshot, text: str, cancel: CancelFn = None) -> Attention:
     tokens = np.array([snap.bos, *snap.encode(shown)], dtype=np.int64)
     _poll(cancel)
     _, cache = forward(snap.weights, tokens, snap.model, np, keep=True)
-    maps = np.stack([layer[P_INDEX] for layer in cache[1:]]).astype(np.float64)
+    maps = np.stack([layer.p for layer in cache[1:]]).astype(np.float64)
     return Attention(shown, (START_LABEL, *shown), maps, snap.step, truncated=len(shown) < len(text))
 
 
