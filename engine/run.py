@@ -229,3 +229,16 @@ class RunModel:
                 self.step = self.saved_step = 0
                 self.saved_path = None
             self._notify("phase")
+
+
+def extend_backend(backend, num_steps: int):
+    """A backend continuing `backend`'s run to num_steps: its state reopened as a
+    checkpoint resumed with num_steps is (the learning rate's linear decay is over
+    the new total). The old backend stays open: the caller closes it."""
+    from .backends import load_checkpoint  # the registry imports the backends: only when used
+    from .checkpoint import Checkpoint
+
+    state = backend.get_state()
+    checkpoint = Checkpoint(backend.model, backend.train_config, backend.corpus, state.params, state.m, state.v,
+                            state.step, backend.loss_history, backend.name)
+    return load_checkpoint(checkpoint, backend=backend.name, num_steps=num_steps)

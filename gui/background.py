@@ -1,9 +1,15 @@
-"""File work off the GUI thread: reading a dataset or a checkpoint, writing a CSV.
+"""Work off the GUI thread, one way for every job (in the spirit of napari's
+create_worker): reading a dataset or a checkpoint, downloading the default
+dataset, writing a CSV, pruning autosaves.
 
-Each call runs in its own daemon thread and reports through a queued signal,
-so the window never waits for a disk, a network share or a FIFO. A call that
-never returns (a FIFO nobody writes to) only leaves a sleeping daemon thread,
-which does not keep the process from exiting.
+`run_in_background(fn, *args, on_done=..., on_failed=..., parent=window)`
+runs fn in its own daemon thread and calls on_done(result) or
+on_failed(exception) on the GUI thread, so the window never waits for a
+disk, a network share or a FIFO. A call that never returns (a FIFO nobody
+writes to) only leaves a sleeping daemon thread, which does not keep the
+process from exiting. A report whose receiver has gone (the window closed
+meanwhile) is dropped by `emit_while_alive`, the one guard every thread that
+reports to Qt objects uses (training sessions, inspect workers, these calls).
 """
 from __future__ import annotations
 
@@ -13,36 +19,67 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 
 
+def emit_while_alive(signal, *args) -> bool:
+    """signal.emit(*args) from any thread; False (and nothing raised) when the
+    object behind it has been deleted meanwhile."""
+    try:
+        signal.emit(*args)
+        return True
+    except RuntimeError:  # "Internal C++ object already deleted"
+        return False
+
+
 class BackgroundCall(QObject):
     """fn(*args) in a daemon thread; `done(call, result)` or `failed(call, exception)`
     on the GUI thread (call is this object, to tell a superseded call's report).
+    With progress=True, fn also gets progress=callable and each call of it is a
+    `progress(call, value)`.
 
     Create it on the GUI thread with a parent (the window); it deletes itself
     after reporting. A result that arrives after the parent is gone is dropped."""
 
     done = Signal(object, object)
     failed = Signal(object, object)
+    progress = Signal(object, object)
 
-    def __init__(self, name: str, fn: Callable, *args, parent: QObject | None = None):
+    def __init__(self, name: str, fn: Callable, *args, parent: QObject | None = None, progress: bool = False):
         super().__init__(parent)
         self.name, self.args = name, args
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True)
+        kwargs = {"progress": self._report_progress} if progress else {}
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs), name=name, daemon=True)
 
     def start(self) -> "BackgroundCall":
         self._thread.start()
         return self
 
-    def _run(self, fn: Callable, args: tuple) -> None:
+    def _run(self, fn: Callable, args: tuple, kwargs: dict) -> None:
         try:
-            result = fn(*args)
+            result = fn(*args, **kwargs)
         except Exception as exc:  # every failure is reported, whatever its type
-            self._emit(self.failed, exc)
+            self._finish(self.failed, exc)
         else:
-            self._emit(self.done, result)
+            self._finish(self.done, result)
 
-    def _emit(self, signal, value) -> None:
-        try:
-            signal.emit(self, value)
+    def _report_progress(self, *value) -> None:
+        emit_while_alive(self.progress, self, value if len(value) != 1 else value[0])
+
+    def _finish(self, signal, value) -> None:
+        if emit_while_alive(signal, self, value):
             self.deleteLater()  # after the queued report (events are handled in order)
-        except RuntimeError:  # the parent went away meanwhile (window closed)
-            pass
+
+
+def run_in_background(fn: Callable, *args, parent: QObject, name: str = "",
+                      on_done: Callable | None = None, on_failed: Callable | None = None,
+                      on_progress: Callable | None = None) -> BackgroundCall:
+    """Start fn(*args) off the GUI thread; on_done(result) / on_failed(exc) /
+    on_progress(value) on the GUI thread. Returns the call (compare it with the
+    newest one to drop a superseded call's report: `call.args` are its args)."""
+    call = BackgroundCall(name or getattr(fn, "__name__", "background"), fn, *args, parent=parent,
+                          progress=on_progress is not None)
+    if on_done is not None:
+        call.done.connect(lambda c, result: on_done(result))
+    if on_failed is not None:
+        call.failed.connect(lambda c, exc: on_failed(exc))
+    if on_progress is not None:
+        call.progress.connect(lambda c, value: on_progress(value))
+    return call.start()

@@ -1,18 +1,16 @@
-"""Small pieces around the window: the non-blocking message box, the About
-text, and the default dataset's download in a background thread."""
+"""Small pieces around the window: the non-blocking message box, the
+window-modal save question, and the About text."""
 from __future__ import annotations
 
 import platform
-import threading
 
 import numpy as np
 import PySide6
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, Signal, qVersion
+from PySide6.QtCore import Qt, qVersion
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 import engine
-from engine import data as engine_data
 
 
 def show_message_box(parent: QWidget, kind: str, title: str, text: str, details: str = "") -> QMessageBox:
@@ -43,31 +41,23 @@ def about_html(backend: str | None) -> str:
             f"character-level GPT that invents names.</p><table>{table}</table>")
 
 
-class DefaultDatasetDownload(QObject):
-    """Fetches the default names.txt (or finds it cached) off the GUI thread."""
+SAVE, DISCARD, CANCEL = "save", "discard", "cancel"
 
-    progress = Signal(int, int)   # bytes so far, total (0 if unknown)
-    done = Signal(str)            # the local path
-    failed = Signal(str)
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dataset-download", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            path = engine_data.default_dataset_path(progress=self._emit_progress)
-        except Exception as exc:  # offline, corrupt download, unwritable data dir
-            self._emit(self.failed, str(exc))
-        else:
-            self._emit(self.done, str(path))
-
-    def _emit_progress(self, done: int, total: int) -> None:
-        self._emit(self.progress, done, total)
-
-    @staticmethod
-    def _emit(signal, *args) -> None:
-        try:
-            signal.emit(*args)
-        except RuntimeError:  # the window (and this object) went away meanwhile
-            pass
+def ask_to_save(parent: QWidget, text: str, answer) -> QMessageBox:
+    """Save / Discard / Cancel, as editors ask before closing a changed file:
+    window-modal (the rest of the app, and the training thread, go on) and
+    non-blocking; answer(SAVE | DISCARD | CANCEL) once it is answered or closed."""
+    box = QMessageBox(QMessageBox.Warning, "Save the trained model?", text,
+                      QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, parent)
+    box.setObjectName("saveQuestion")
+    box.setInformativeText("Save writes a checkpoint first; Discard forgets the model; "
+                           "Cancel leaves everything as it was.")
+    box.setDefaultButton(QMessageBox.Save)
+    box.setEscapeButton(QMessageBox.Cancel)
+    box.setAttribute(Qt.WA_DeleteOnClose)
+    box.setWindowModality(Qt.WindowModal)
+    choices = {QMessageBox.Save: SAVE, QMessageBox.Discard: DISCARD}
+    box.finished.connect(lambda *_: answer(choices.get(box.standardButton(box.clickedButton()), CANCEL)))
+    box.open()
+    return box
