@@ -158,6 +158,7 @@ class MainWindow(QMainWindow):
                                     self.config_panel.backend_name, self._ask_open_path)
         self.files.exported.connect(self.exported)
         self.files.build_file_menu()
+        self.save_action = self.files.save_action
         self.runs.build_menu()
         self.explore.build_menus()
         self.files.build_help_menu()

@@ -87,6 +87,7 @@ class Soak:
         self.probe.pause()
         window = MainWindow(data_path=str(self.files["names"]))
         window.message_hook = None
+        window.ask_before_discarding = False  # a window-modal question would stop the actions
         window.exit_hook = self.gave_up.append
         window.resize(1180, 720)
         window.show()
