@@ -189,7 +189,7 @@ class RunController(QObject):
         """Extend the run to num_steps (its decay recomputed over them) and resume it."""
         if not self.send(rs.Extend(num_steps)):
             return False
-        self.send(rs.Resume())
+        self.session.worker.send(rs.Resume())  # the model is finished until Extended: the worker decides
         return True
 
     def start_run(self) -> bool:

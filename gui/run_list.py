@@ -153,8 +153,9 @@ class RunListPanel(QWidget):
         """A run that will not grow again: its record compacted, its series rebuilt from that."""
         if any(r is record for r in self.runs):
             record.compact()
-            self._series.pop(id(record), None)
-            self.update_run(record)
+            self._series.pop(id(record), None)  # now, not at the next redraw: its memory goes
+            self._fill_row(self._row(record))
+            self._draw(record)
 
     def set_reference_dataset(self, content_hash: str) -> None:
         """Runs on other datasets than this one are marked as not comparable."""

@@ -28,7 +28,8 @@ def wait_dataset(qtbot, window):
 @pytest.fixture
 def make_window(qtbot):
     """Build MainWindows that record messages instead of showing boxes and do not
-    ask to save before discarding a run, with their dataset read. At the end (before pytest-qt deletes them) each is closed, and
+    ask to save before discarding a run, with their dataset read. At the end (before pytest-qt deletes them) each is closed (with
+no save question), and
     its close must complete: every training thread finished, no forced exit."""
     from gui import MainWindow
     from gui.sessions import running_sessions
@@ -36,7 +37,7 @@ def make_window(qtbot):
     gave_up = []
 
     def close_and_wait(window):
-        window.close()
+        window.close_without_asking()  # a test may leave a save question open
         qtbot.waitUntil(lambda: not window.sessions.busy_ending and not running_sessions(), timeout=WAIT_MS)
         assert not window.isVisible()
         assert not gave_up, gave_up
