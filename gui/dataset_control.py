@@ -152,13 +152,13 @@ class DatasetController(QObject):
 
     def _on_download_done(self, path) -> None:
         self._download = None
-        self.runs.reset_progress()
+        self.runs.progress.reset()
         if self.corpus is None and self._read is None:  # the user may have opened another file
             self.open(str(path))
 
     def _on_download_failed(self, exc: Exception) -> None:
         self._download = None
-        self.runs.reset_progress()
+        self.runs.progress.reset()
         if self.corpus is None and self._read is None:
             # the whole reason goes in the Dataset box: the status bar has room for one short line
             self.panel.dataset_info.setText(

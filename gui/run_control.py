@@ -16,11 +16,10 @@ it has finished; until then what needs a model is disabled.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QProgressBar, QPushButton
 
@@ -32,38 +31,13 @@ from engine.runs import preset_name
 from .config_panel import ConfigPanel
 from .loss_plot import LossPlot
 from .run_guard import Autosaver, SaveGuard
+from .run_progress import ProgressView, run_summary
 from .sample_panel import SamplePanel
 from .sessions import Session, Sessions
 
 EDITABLE = (Phase.NONE, Phase.READY, Phase.DONE, Phase.FAILED, Phase.STOPPING)  # settings can change
-STOPPING_REFRESH_MS = 250  # how often "stopping… (waiting for: ...)" and an opening's seconds are refreshed
 STATE_MESSAGES = {Phase.RUNNING: "Training...", Phase.PAUSED: "Paused", Phase.READY: "Ready to resume training",
                   Phase.DONE: "Run ended: you can sample, save a checkpoint, resume or train again"}
-
-
-def format_rate(rate: float) -> str:
-    """Two significant digits: 6,667 -> '6,700', 41.3 -> '41', 0.432 -> '0.43'."""
-    rounded = float(f"{rate:.2g}")
-    return f"{rounded:,.0f}" if rounded >= 10 else f"{rounded:g}"
-
-
-def format_duration(seconds: float) -> str:
-    """'1:05' (m:ss) or '1:02:03' (h:mm:ss)."""
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-def format_seconds(seconds: float) -> str:
-    """'0.15 s' (two significant digits) under a minute, else '1:22 min' or '1:02:03'."""
-    if seconds < 60:
-        return f"{float(f'{seconds:.2g}'):g} s"
-    return format_duration(seconds) + (" min" if seconds < 3600 else "")
-
-
-def run_summary(steps: int, seconds: float) -> str:
-    """'1,000 steps in 0.15 s (6,700 steps/s)'."""
-    return f"{steps:,} steps in {format_seconds(seconds)} ({format_rate(steps / seconds)} steps/s)"
 
 
 def train_label(choice: TrainChoice, phase: Phase, num_steps: int) -> str:
@@ -118,19 +92,14 @@ class RunController(QObject):
         self.autosaver = Autosaver(self, run, lambda: self.session.worker if self.session else None)
         self._after_ending: Callable | None = None  # what to do once every ended worker has finished
         self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
-        self._opening_since = 0.0
         self.reading_problem: Callable[[], str] = lambda: ""
-        self._rate: float | None = None
-        self._rate_mark: tuple[float, int] | None = None
         self._warned = False        # engine.loss_warning shown for this run
-        self._refresh_timer = QTimer(self, interval=STOPPING_REFRESH_MS)
-        self._refresh_timer.timeout.connect(self.update_progress_text)
+        self.progress = ProgressView(self, widgets.progress_bar, run, sessions)
         sessions.allEnded.connect(self._on_sessions_ended)
         run.subscribe(self._on_model)
         widgets.loss_plot.redrawn.connect(self._on_redrawn)
         widgets.config_panel.changed.connect(self.update_actions)
         self._host = host
-        self.reset_progress()
 
     def build_menu(self) -> None:
         host = self._host
@@ -247,7 +216,8 @@ class RunController(QObject):
     def _open_session(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
         session = self.sessions.start(spec)
         session.reports.event.connect(self._on_event)  # on the GUI thread; silent once ended
-        self._opening, self._opening_since, self._warned = (dataset, path), time.monotonic(), False
+        self._opening, self._warned = (dataset, path), False
+        self.progress.opening()
         self.run.apply(rs.Open(spec))
         session.start()
 
@@ -273,7 +243,7 @@ class RunController(QObject):
         w = self.w
         w.loss_plot.clear()
         w.sample_panel.clear()
-        self.reset_progress()
+        self.progress.reset()
 
     # the worker's events --------------------------------------------------------
     def _on_event(self, event: rs.Event) -> None:
@@ -296,13 +266,9 @@ class RunController(QObject):
 
     def _on_losses(self, event: rs.Losses) -> None:
         self.w.loss_plot.append(event.losses, event.first_step)  # progress and status follow its redraw
-        step, now = event.first_step + len(event.losses), time.monotonic()
+        step = event.first_step + len(event.losses)
         self.run.trained_to(step)
-        if self._rate_mark is not None and now > self._rate_mark[0] and step > self._rate_mark[1]:
-            rate = (step - self._rate_mark[1]) / (now - self._rate_mark[0])
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
-        if self.run.phase == Phase.RUNNING:
-            self._rate_mark = (now, step)
+        self.progress.trained_to(step, self.run.phase == Phase.RUNNING)
 
     def _on_samples(self, event: rs.Samples) -> None:
         if event.prefix is None:
@@ -325,7 +291,7 @@ class RunController(QObject):
     def _on_status(self, event: rs.Status) -> None:
         self.notify.status(event.text, 10000)
         if self.run.phase == Phase.OPENING:
-            self.update_progress_text()
+            self.progress.update_text()
 
     def _on_error(self, event: rs.Error) -> None:
         self.guard.on_error()
@@ -351,22 +317,15 @@ class RunController(QObject):
         w = self.w
         if phase != Phase.RUNNING:
             w.loss_plot.flush()
-        if phase == Phase.RUNNING:
-            self._rate_mark = (time.monotonic(), w.progress_bar.value())
-        if phase in (Phase.FAILED, Phase.STOPPING, Phase.NONE):
-            self.reset_progress()  # stopping: an empty bar with "stopping… (waiting for: ...)"
-        if phase in (Phase.STOPPING, Phase.OPENING):
-            self._refresh_timer.start()
-        else:
-            self._refresh_timer.stop()
+        summarize = phase == Phase.DONE and self.progress.mark is not None  # it trained here
+        self.progress.phase_changed(phase)
         if phase == Phase.STOPPING:
             waiting = self.sessions.waiting_for()
             self.notify.status("Stopping the run" + (f": waiting for the worker ({waiting})..."
                                                      if waiting else "..."), 0)
-        self.update_progress_text()
         if phase in STATE_MESSAGES:
             message = STATE_MESSAGES[phase]
-            if phase == Phase.DONE and self._rate_mark is not None:
+            if summarize:
                 message = f"{self._run_summary()}. {message}"
             self.notify.status(message, 0 if phase != Phase.RUNNING else 5000)
         elif phase == Phase.NONE:
@@ -380,7 +339,7 @@ class RunController(QObject):
     def _on_redrawn(self) -> None:
         if self.run.train is not None and self.run.phase not in (Phase.OPENING, Phase.STOPPING):
             self.w.progress_bar.setValue(self.w.loss_plot.series.n)
-            self.update_progress_text()
+            self.progress.update_text()
             self._warn_if_diverging()
 
     def _warn_if_diverging(self) -> None:
@@ -412,32 +371,3 @@ class RunController(QObject):
                                      or self._after_ending is not None)
         self.sample_action.setEnabled(self.run.has_model)
         self.w.config_panel.set_editable(phase in EDITABLE)
-
-    def update_progress_text(self) -> None:
-        bar, phase = self.w.progress_bar, self.run.phase
-        if phase == Phase.STOPPING:
-            waiting = self.sessions.waiting_for()
-            bar.setFormat("stopping…" + (f" (waiting for: {waiting})" if waiting else ""))
-            return
-        if phase == Phase.OPENING:  # a compiled backend may build for minutes on first use: count them
-            bar.setRange(0, 0)
-            elapsed = time.monotonic() - self._opening_since
-            bar.setFormat(f"opening the {self.run.backend} backend… {elapsed:.0f} s")
-            return
-        if self.run.train is None:
-            return
-        step, total = bar.value(), bar.maximum()
-        text = f"{step:,} / {total:,} steps"
-        if phase == Phase.RUNNING and self._rate:
-            text += f"  ·  {self._rate:,.0f} steps/s  ·  ETA {format_duration((total - step) / self._rate)}"
-        elif phase in (Phase.PAUSED, Phase.DONE, Phase.READY):
-            text += {Phase.PAUSED: "  ·  paused", Phase.DONE: "  ·  done" if step >= total else "  ·  stopped",
-                     Phase.READY: "  ·  ready"}[phase]
-        bar.setFormat(text)
-
-    def reset_progress(self) -> None:
-        bar = self.w.progress_bar
-        bar.setRange(0, 1)
-        bar.setValue(0)
-        bar.setFormat("no run")
-        self._rate = self._rate_mark = None
