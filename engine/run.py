@@ -4,13 +4,13 @@ step, saved or not, where). The window's controllers observe a RunModel
 (`subscribe`) and ask it what is allowed; the worker moves its own phase by
 the same table.
 
-    none --Open--> opening --Opened--> ready --Resume--> running <--Resume-- paused
-                      |                  |                 |  |--Pause------^   |
-                      Failed             Stop/Finished     |  Stop/Finished     Stop
-                      v                  v                 v  v                 v
-                    failed              done <-------------+  +---------------> done
-    done: Resume (a stopped run), Extend (Continue to N steps), Sample, Save
-    any phase --End--> stopping --Closed--> none
+    none --Train / Load--> opening --opened--> ready --Resume--> running --Pause--> paused
+                             |                  |                |   ^---Resume------'  |
+                           failed             Stop        Stop / last step             Stop
+                             v                  v                v                      v
+                           failed              done <------------+----------------------+
+    done --Resume (a stopped run) or Continue to N steps--> running
+    any phase --Reset / a new run / Load / Open dataset / close--> stopping --worker ended--> none
 """
 from __future__ import annotations
 
