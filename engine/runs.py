@@ -75,7 +75,9 @@ class RunRecord:
         starts = np.arange(0, n, block)
         sizes = np.diff(np.append(starts, n))
         losses = np.add.reduceat(self.losses.astype(np.float64), starts) / sizes
-        seconds = np.add.reduceat(self.step_seconds, starts)  # NaN in a block: NaN (untimed)
+        untimed = np.isnan(self.step_seconds)
+        seconds = np.add.reduceat(np.where(untimed, 0.0, self.step_seconds), starts)
+        seconds[np.add.reduceat(untimed, starts) == sizes] = np.nan  # a block of untimed steps only
         self._losses, self._step_seconds = losses.astype(np.float32), seconds
         self._points, self.block = len(starts), self.block * block
 
