@@ -61,6 +61,7 @@ class Soak:
         self.done_actions = 0
         self.log: list[str] = []
         self.starting = None  # a new window still reading its dataset
+        self.finishing = False  # the windows are closing: delayed actions are dropped
         self.qt_messages: Counter = Counter()
         qInstallMessageHandler(self._on_qt_message)
         self.started = time.monotonic()
@@ -164,6 +165,8 @@ class Soak:
         from PySide6.QtCore import QTimer
 
         def run():
+            if self.finishing:  # its window may be closed and deleted by now
+                return
             try:
                 fn()
             except Exception:
@@ -176,6 +179,7 @@ class Soak:
         from gui.sessions import running_sessions
 
         self.probe.label = "closing at the end"
+        self.finishing = True
         for window in list(self.windows):
             window.close()
         for fifo in self.fifos:  # release readers still waiting on a FIFO
