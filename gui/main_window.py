@@ -19,7 +19,7 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, QTimer, Qt, Signal
 from PySide6 import QtGui
 from PySide6.QtGui import QIcon, QTextDocumentFragment
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
                                QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 import engine
@@ -91,9 +91,10 @@ class MainWindow(QMainWindow):
         self.train_button = QPushButton("Train", objectName="trainButton")
         self.stop_button = QPushButton("Stop", objectName="stopButton")
         self.reset_button = QPushButton("Reset", objectName="resetButton")
-        buttons = QHBoxLayout()
-        for button in (self.train_button, self.stop_button, self.reset_button):
-            buttons.addWidget(button)
+        buttons = QGridLayout()  # Train on a row of its own: "Continue to 1,000,000 steps" is long
+        buttons.addWidget(self.train_button, 0, 0, 1, 2)
+        buttons.addWidget(self.stop_button, 1, 0)
+        buttons.addWidget(self.reset_button, 1, 1)
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.addWidget(self.config_panel)

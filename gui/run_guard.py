@@ -57,8 +57,12 @@ class SaveGuard(QObject):
         if self.busy:  # one question at a time: the newer action waits for the user again
             return False
         run = self._run
-        text = (f"The model has trained {run.step - run.saved_step:,} steps since it was last "
-                f"{'saved' if run.saved_path else 'started'} (step {run.step:,}). {doing} discards it.")
+        if run.saved_path:
+            text = (f"The model has trained {run.step - run.saved_step:,} steps since {Path(run.saved_path).name} "
+                    f"(it is at step {run.step:,}).")
+        else:
+            text = f"The model has trained {run.step:,} steps and has not been saved."
+        text += f" {doing} discards it."
         self.question = ask_to_save(self._parent, text, lambda answer: self._answered(answer, then))
         return False
 

@@ -28,7 +28,7 @@ import engine
 from engine import run_state as rs
 from engine.inspect import Snapshot
 from engine.run import Phase, allows, extend_backend, next_phase
-from engine.run_state import RunInfo, RunSpec  # noqa: F401  (the window's names for them)
+from engine.run_state import RunInfo, RunSpec
 
 TARGET_CHUNK_S = 0.05  # each backend.train(k) call should take about this long
 MAX_STEPS_PER_CHUNK = 4096
