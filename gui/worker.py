@@ -200,6 +200,7 @@ class TrainingWorker(QObject):
         checkpoint resumed with num_steps); on failure the run stays as it was."""
         if num_steps != self.backend.train_config.num_steps:
             self.call = f"reopening the backend for {num_steps:,} steps"
+            self._emit(rs.Status(f"Continuing to {num_steps:,} steps: reopening the {self.backend.name} backend..."))
             try:
                 extended = extend_backend(self.backend, num_steps)
             except Exception as exc:

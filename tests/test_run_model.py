@@ -3,6 +3,8 @@ checked against a table written out here by hand; what Train means; saved or
 not; and the autosave clock and pruning."""
 import os
 
+import numpy as np
+
 import pytest
 
 import engine
@@ -165,3 +167,19 @@ def test_pruning_keeps_the_newest_autosaves(tmp_path):
     assert sorted(removed) == sorted(paths[:3])
     assert autosaves(tmp_path) == [paths[4], paths[3]]
     assert (tmp_path / "mine.npz").exists()
+
+
+def test_extending_a_backend_is_resuming_its_checkpoint_with_more_steps(tmp_path):
+    from engine.run import extend_backend
+
+    corpus = engine.Corpus(["anna", "bob", "carla", "dave", "emma", "fred"] * 5)
+    model = engine.ModelConfig(n_embd=8, n_layer=1, n_head=2, block_size=8)
+    backend = engine.open_backend("numpy", model, engine.TrainConfig(num_steps=20), corpus)
+    backend.train(20)
+    engine.save_checkpoint(tmp_path / "run.npz", backend)
+    extended = extend_backend(backend, 45)
+    assert backend.step == 20 and backend.train_config.num_steps == 20  # the old one is left as it was
+    assert extended.train_config.num_steps == 45 and extended.step == 20
+    np.testing.assert_array_equal(extended.loss_history, backend.loss_history)
+    reference = engine.load_checkpoint(tmp_path / "run.npz", num_steps=45)
+    np.testing.assert_array_equal(extended.train(25), reference.train(25))
