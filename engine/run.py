@@ -184,9 +184,12 @@ class RunModel:
     # changes ----------------------------------------------------------------------
     def apply(self, trigger) -> Phase:
         """Move by the table (Refused if it does not allow trigger here)."""
-        self._set_phase(next_phase(self.phase, trigger))
+        phase = next_phase(self.phase, trigger)
         if isinstance(trigger, Open):
-            self._begin(trigger)
+            self._begin(trigger)  # before the phase: observers of "opening" see the new run
+        self._set_phase(phase)
+        if isinstance(trigger, Open):
+            self._notify("run")
         return self.phase
 
     def report(self, phase: Phase) -> None:
@@ -219,7 +222,6 @@ class RunModel:
         self.model, self.train, self.backend = spec.model, spec.train, spec.backend
         self.step = self.saved_step = 0
         self.saved_path, self.dataset, self.from_checkpoint = None, None, spec.checkpoint is not None
-        self._notify("run")
 
     def _set_phase(self, phase: Phase) -> None:
         if phase != self.phase:
