@@ -1,7 +1,7 @@
 """Runs and their endings, without ever waiting on the GUI thread.
 
 A Session is one TrainingWorker in its own QThread. Ending one only asks the
-worker to end (TrainingWorker.end); the Session stays referenced until its
+worker to end (send(End())); the Session stays referenced until its
 thread has finished, so a running QThread is never destroyed (Qt aborts the
 process when that happens). Sessions holds the current session and the ones
 still ending, and says when the last of them has finished.
@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal
 
 from engine.run_state import End, RunSpec
 
+from .background import emit_while_alive
 from .worker import TrainingWorker
 
 # While a worker or a file read computes in Python, the GUI thread waits for the GIL
@@ -118,10 +119,7 @@ class Sessions(QObject):
         if session in self.ending:
             self.ending.remove(session)
             if not self.ending:
-                try:
-                    self.allEnded.emit()
-                except RuntimeError:  # the window was deleted while the worker ended
-                    pass
+                emit_while_alive(self.allEnded)  # the window may have been deleted meanwhile
 
     @property
     def busy_ending(self) -> bool:
