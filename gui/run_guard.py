@@ -6,8 +6,9 @@ SaveGuard.confirm(doing, then) calls then() at once when nothing would be
 lost (or the question is turned off); otherwise it asks, window-modal and
 non-blocking (the worker keeps training meanwhile). Save writes a checkpoint
 first (to the file the run was last saved to or loaded from, else one the
-user picks) and goes on once the worker reports it written; a failed save
-goes no further. Discard goes on; Cancel leaves everything as it was.
+user picks) and goes on once the worker reports it written (an action asked
+for meanwhile, say Quit, goes on instead); a failed save goes no further.
+Discard goes on; Cancel leaves everything as it was.
 
 Autosaver sends an autosave Save every N minutes of training (the worker's
 own train_seconds: pauses and stopped runs do not count) into the data
@@ -54,7 +55,10 @@ class SaveGuard(QObject):
         if not self.needed():
             then()
             return True
-        if self.busy:  # one question at a time: the newer action waits for the user again
+        if self.question is not None:  # one question at a time: the newer action is dropped
+            return False
+        if self._waiting is not None:  # a save is being written: the newest action follows it
+            self._waiting = (self._waiting[0], then)
             return False
         run = self._run
         if run.saved_path:

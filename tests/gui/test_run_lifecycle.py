@@ -122,6 +122,15 @@ def test_save_writes_a_checkpoint_that_resumes_exactly_then_goes_on(asking_windo
                                   reference_backend_losses(names_corpus, 120))
 
 
+def test_an_action_while_the_answer_s_save_is_written_follows_it(asking_window, qtbot, tmp_path):
+    window = asking_window
+    window.reset()
+    answer(qtbot, window, QMessageBox.Save)
+    with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
+        window.close()  # before the checkpoint is written: the close follows it, instead of the Reset
+    assert engine.read_checkpoint(tmp_path / "answer.npz").step == 60
+
+
 def reference_backend_losses(corpus, total, first=60):
     """60 steps of a run that was 60 long, then continued to `total` (the decay over the new total)."""
     backend = engine.open_backend("numpy", engine.PRESETS["tiny"].model,
