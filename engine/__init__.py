@@ -4,15 +4,16 @@ from .checkpoint import read_checkpoint, save_checkpoint
 from .config import PRESETS, ModelConfig, Preset, TrainConfig, get_preset
 from .data import Corpus, default_dataset_path, load_corpus
 from .health import loss_warning
-from .errors import BackendError, Cancelled, CheckpointError, DatasetError, TrainingDiverged
+from .errors import (BackendError, Cancelled, CheckpointError, DatasetError, EngineError, TrainingDiverged,
+                     error_details)
 from .params import init_params, num_params, param_specs
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BackendError", "BackendInfo", "Cancelled", "CheckpointError", "Corpus", "DatasetError",
+    "Backend", "BackendError", "BackendInfo", "Cancelled", "CheckpointError", "Corpus", "DatasetError", "EngineError",
     "ModelConfig", "PRESETS", "Preset", "TrainConfig", "TrainState", "TrainingDiverged",
-    "default_dataset_path", "get_preset", "init_params", "list_backends", "load_checkpoint",
+    "default_dataset_path", "error_details", "get_preset", "init_params", "list_backends", "load_checkpoint",
     "load_corpus", "loss_warning", "num_params", "open_backend", "param_specs", "read_checkpoint",
     "save_checkpoint",
 ]

@@ -39,7 +39,7 @@ def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
         panel.add_run(r, checked=False)
     assert panel.table.rowCount() == 3 and not panel.curves
     assert [panel.table.item(1, c).text() for c in range(len(COLUMNS))] == [
-        "run 2", "s32", "numpy", "0.005", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "2", "finished"]
+        "run 2", "s32", "numpy", "0.005", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "2", "-", "finished"]
 
     with qtbot.waitSignal(panel.checkedChanged):
         panel.table.item(0, 0).setCheckState(Qt.Checked)  # as a click on the box does
