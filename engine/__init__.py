@@ -6,16 +6,17 @@ from .batches import DataSplit
 from .data import Corpus, default_dataset_path, load_corpus
 from .learning import HeldoutPoint, HoldoutSchedule
 from .health import loss_warning
-from .errors import BackendError, Cancelled, CheckpointError, DatasetError, TrainingDiverged
+from .errors import (BackendError, Cancelled, CheckpointError, DatasetError, EngineError, TrainingDiverged,
+                     error_details)
 from .params import init_params, num_params, param_specs
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendInfo", "Cancelled", "CheckpointError", "Corpus", "DataSplit",
-    "DatasetError", "HeldoutPoint", "HoldoutSchedule",
+    "DatasetError", "EngineError", "HeldoutPoint", "HoldoutSchedule",
     "ModelConfig", "PRESETS", "Preset", "TrainConfig", "TrainState", "TrainingDiverged",
-    "default_dataset_path", "get_preset", "init_params", "list_backends", "load_checkpoint",
+    "default_dataset_path", "error_details", "get_preset", "init_params", "list_backends", "load_checkpoint",
     "load_corpus", "loss_warning", "num_params", "open_backend", "param_specs", "read_checkpoint",
     "save_checkpoint",
 ]

@@ -6,11 +6,20 @@ and the window shows it in a message box.
 from __future__ import annotations
 
 
-class BackendError(RuntimeError):
+class EngineError(RuntimeError):
+    """An engine failure whose message says what to do, with optional `details`
+    (e.g. a compiler's log) that a window shows behind a "Show details" button."""
+
+    def __init__(self, message: str = "", details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+class BackendError(EngineError):
     """A backend failed (compile, device, out of memory); the message says what to do."""
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(EngineError):
     """The loss became NaN or inf; the parameters from before that step are kept."""
 
     def __init__(self, step: int, loss: float):
@@ -21,7 +30,7 @@ class TrainingDiverged(RuntimeError):
         )
 
 
-class Cancelled(RuntimeError):
+class Cancelled(EngineError):
     """A long call (sampling) was asked to stop and did, leaving the state unchanged."""
 
 
@@ -31,3 +40,8 @@ class DatasetError(ValueError):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, with what is wrong with it."""
+
+
+def error_details(exc: BaseException) -> str:
+    """What an exception carries beyond its message (an EngineError's details), or ""."""
+    return exc.details if isinstance(exc, EngineError) else ""

@@ -1,11 +1,14 @@
-"""A record of one training run for comparing runs: its configuration, every
-step's loss and the wall-clock time each step took. Qt-free; the window keeps
-one per run of the session (trained, stopped or loaded from a checkpoint).
-And the loss history's CSV (the window's Export loss).
+"""A record of one training run for comparing runs: its configuration and
+dataset, every step's loss and the wall-clock time each step took. Qt-free;
+the window keeps one per run of the session (trained, stopped or loaded from
+a checkpoint). A run that has ended is compacted to at most MAX_POINTS
+points (block means), so a long session's records stay small. And the loss
+history's CSV (the window's Export loss).
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -16,6 +19,7 @@ from .memory import grown
 
 CUSTOM = "custom"
 LOSS_CSV_HEADER = "step,loss,smoothed"  # steps count from 1, as the window's do
+MAX_POINTS = 8192  # what an ended run keeps of its curve
 
 
 def preset_name(model: ModelConfig) -> str:
@@ -36,7 +40,12 @@ class RunRecord:
     model: ModelConfig
     train: TrainConfig
     status: str = "running"  # "running", "finished", "stopped", "diverged", "loaded"
+    dataset: str = ""        # the dataset's name, as the window shows it
+    dataset_hash: str = ""   # engine.run.DatasetIdentity.content_hash: runs of another are not comparable
     steps: int = field(default=0, init=False)
+    block: int = field(default=1, init=False)  # steps per point (1 until compacted)
+    _points: int = field(default=0, init=False, repr=False)
+    _ms_per_step: float | None = field(default=None, init=False, repr=False)
     _losses: np.ndarray = field(default_factory=lambda: np.empty(256, dtype=np.float32), init=False, repr=False)
     _step_seconds: np.ndarray = field(default_factory=lambda: np.empty(256), init=False, repr=False)
 
@@ -46,17 +55,43 @@ class RunRecord:
 
     @property
     def losses(self) -> np.ndarray:
-        return self._losses[: self.steps]
+        """Each point's loss: every step's, or block means once compacted."""
+        return self._losses[: self._points]
 
     @property
     def step_seconds(self) -> np.ndarray:
-        return self._step_seconds[: self.steps]
+        """Each point's wall-clock seconds (a block's total once compacted)."""
+        return self._step_seconds[: self._points]
+
+    @property
+    def x(self) -> np.ndarray:
+        """Each point's step (its block's first step once compacted)."""
+        return np.arange(self._points, dtype=np.float64) * self.block
+
+    def compact(self, max_points: int = MAX_POINTS) -> None:
+        """Keep at most max_points points: losses averaged and seconds summed over
+        blocks of steps (an ended run's curve; the record is not extended after)."""
+        if self._points <= max_points:
+            return
+        self._ms_per_step = self.ms_per_step
+        block = math.ceil(self._points / max_points)
+        n = self._points
+        starts = np.arange(0, n, block)
+        sizes = np.diff(np.append(starts, n))
+        losses = np.add.reduceat(self.losses.astype(np.float64), starts) / sizes
+        untimed = np.isnan(self.step_seconds)
+        seconds = np.add.reduceat(np.where(untimed, 0.0, self.step_seconds), starts)
+        seconds[np.add.reduceat(untimed, starts) == sizes] = np.nan  # a block of untimed steps only
+        self._losses, self._step_seconds = losses.astype(np.float32), seconds
+        self._points, self.block = len(starts), self.block * block
 
     def extend(self, losses, first_step: int, seconds: float | None = None) -> None:
         """Add the losses of steps first_step, first_step + 1, ... that took `seconds`
         together (None: unknown). A first_step before the end rewinds the record."""
         if not 0 <= first_step <= self.steps:
             raise ValueError(f"losses from step {first_step} cannot follow step {self.steps}")
+        if self.block != 1:
+            raise ValueError("a compacted record is not extended")
         losses = np.asarray(losses, dtype=np.float32).reshape(-1)
         end = first_step + len(losses)
         self._losses = grown(self._losses, end, first_step)
@@ -64,7 +99,7 @@ class RunRecord:
         self._losses[first_step:end] = losses
         per_step = np.nan if seconds is None or not len(losses) else seconds / len(losses)
         self._step_seconds[first_step:end] = per_step
-        self.steps = end
+        self.steps = self._points = end
 
     def wall_seconds(self) -> np.ndarray:
         """Training time up to the end of each step (pauses excluded), NaN where unknown."""
@@ -75,6 +110,8 @@ class RunRecord:
     @property
     def ms_per_step(self) -> float:
         """Mean wall-clock milliseconds per timed step; NaN when no step was timed."""
+        if self._ms_per_step is not None:
+            return self._ms_per_step
         timed = self.step_seconds[~np.isnan(self.step_seconds)]
         return float(1e3 * timed.mean()) if len(timed) else float("nan")
 

@@ -66,5 +66,5 @@ def run_gui(args: argparse.Namespace) -> int:
     if args.autorun_steps:
         autorun(window, args.autorun_steps, args.quit_when_done)
     status = app.exec()
-    window.close()
+    window.close_without_asking()  # the event loop has ended: nobody could answer a question
     return status

@@ -1,9 +1,15 @@
-"""File work off the GUI thread: reading a dataset or a checkpoint, writing a CSV.
+"""Work off the GUI thread, one way for every job (in the spirit of napari's
+create_worker): reading a dataset or a checkpoint, writing a CSV, pruning
+autosaves, the scaling study's availability check.
 
-Each call runs in its own daemon thread and reports through a queued signal,
-so the window never waits for a disk, a network share or a FIFO. A call that
-never returns (a FIFO nobody writes to) only leaves a sleeping daemon thread,
-which does not keep the process from exiting.
+`run_in_background(fn, *args, on_done=..., on_failed=..., parent=window)`
+runs fn in its own daemon thread and calls on_done(result) or
+on_failed(exception) on the GUI thread, so the window never waits for a
+disk, a network share or a FIFO. A call that never returns (a FIFO nobody
+writes to) only leaves a sleeping daemon thread, which does not keep the
+process from exiting. A report whose receiver has gone (the window closed
+meanwhile) is dropped by `emit_while_alive`, the one guard every thread that
+reports to Qt objects uses (training sessions, inspect workers, these calls).
 """
 from __future__ import annotations
 
@@ -11,6 +17,16 @@ import threading
 from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
+
+
+def emit_while_alive(signal, *args) -> bool:
+    """signal.emit(*args) from any thread; False (and nothing raised) when the
+    object behind it has been deleted meanwhile."""
+    try:
+        signal.emit(*args)
+        return True
+    except RuntimeError:  # "Internal C++ object already deleted"
+        return False
 
 
 class BackgroundCall(QObject):
@@ -36,13 +52,23 @@ class BackgroundCall(QObject):
         try:
             result = fn(*args)
         except Exception as exc:  # every failure is reported, whatever its type
-            self._emit(self.failed, exc)
+            self._finish(self.failed, exc)
         else:
-            self._emit(self.done, result)
+            self._finish(self.done, result)
 
-    def _emit(self, signal, value) -> None:
-        try:
-            signal.emit(self, value)
+    def _finish(self, signal, value) -> None:
+        if emit_while_alive(signal, self, value):
             self.deleteLater()  # after the queued report (events are handled in order)
-        except RuntimeError:  # the parent went away meanwhile (window closed)
-            pass
+
+
+def run_in_background(fn: Callable, *args, parent: QObject, name: str = "",
+                      on_done: Callable | None = None, on_failed: Callable | None = None) -> BackgroundCall:
+    """Start fn(*args) off the GUI thread; on_done(result) / on_failed(exc) on the
+    GUI thread. Returns the call (compare it with the newest one to drop a
+    superseded call's report: `call.args` are its args)."""
+    call = BackgroundCall(name or getattr(fn, "__name__", "background"), fn, *args, parent=parent)
+    if on_done is not None:
+        call.done.connect(lambda c, result: on_done(result))
+    if on_failed is not None:
+        call.failed.connect(lambda c, exc: on_failed(exc))
+    return call.start()

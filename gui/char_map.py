@@ -5,7 +5,7 @@ over the last refreshes (its earlier embeddings seen on today's axes), so
 the vowels' drift towards each other is visible. Each label sits on the side
 of its point where it covers no other label (place_labels), so characters
 that end up close together stay readable.
-The projection comes from engine.inspect through an InspectHub.
+The projection comes from engine.introspect through an InspectHub.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def place_labels(points: np.ndarray, sizes: np.ndarray, order: list[int]) -> lis
 
 
 class CharMapPanel(QWidget):
-    mapShown = Signal(object)  # the engine.inspect.CharMap now drawn
+    mapShown = Signal(object)  # the engine.introspect.CharMap now drawn
 
     def __init__(self, hub: InspectHub, parent=None):
         super().__init__(parent, objectName="charMapPanel")

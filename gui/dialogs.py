@@ -1,4 +1,5 @@
-"""Small pieces around the window: the non-blocking message box and the About text."""
+"""Small pieces around the window: the non-blocking message box, the
+window-modal save question, and the About text."""
 from __future__ import annotations
 
 import platform
@@ -38,3 +39,25 @@ def about_html(backend: str | None) -> str:
     table = "".join(f"<tr><td>{k}</td><td>&nbsp;&nbsp;<b>{v}</b></td></tr>" for k, v in rows)
     return ("<h3>microgpt-gui</h3><p>Train and sample Karpathy's microgpt, a tiny "
             f"character-level GPT that invents names.</p><table>{table}</table>")
+
+
+SAVE, DISCARD, CANCEL = "save", "discard", "cancel"
+
+
+def ask_to_save(parent: QWidget, text: str, answer) -> QMessageBox:
+    """Save / Discard / Cancel, as editors ask before closing a changed file:
+    window-modal (the rest of the app, and the training thread, go on) and
+    non-blocking; answer(SAVE | DISCARD | CANCEL) once it is answered or closed."""
+    box = QMessageBox(QMessageBox.Warning, "Save the trained model?", text,
+                      QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel, parent)
+    box.setObjectName("saveQuestion")
+    box.setInformativeText("Save writes a checkpoint first; Discard forgets the model; "
+                           "Cancel leaves everything as it was.")
+    box.setDefaultButton(QMessageBox.Save)
+    box.setEscapeButton(QMessageBox.Cancel)
+    box.setAttribute(Qt.WA_DeleteOnClose)
+    box.setWindowModality(Qt.WindowModal)
+    choices = {QMessageBox.Save: SAVE, QMessageBox.Discard: DISCARD}
+    box.finished.connect(lambda *_: answer(choices.get(box.standardButton(box.clickedButton()), CANCEL)))
+    box.open()
+    return box

@@ -1,39 +1,49 @@
-"""The window's explore tabs, a mixin of MainWindow: next-character bars and
-prefix completion, attention, the character map and the run list, beside the
-Training tab; Tools > Scaling study. The panels compute from parameter
-snapshots the training worker sends while one of them is on screen (one
-InspectHub holds the newest); the run list keeps an engine.runs.RunRecord per
-run of the session, filled as the losses arrive.
+"""The window's explore tabs: next-character bars and prefix completion,
+attention, the character map and the run list, beside the Training tab;
+Tools > Scaling study.
+
+An ExploreController is given the run model, a way to send commands to the
+run's worker and the widgets it uses. The panels compute from parameter
+snapshots the worker sends while one of them is on screen (one InspectHub
+holds the newest); the run list keeps an engine.runs.RunRecord per run of
+the session, filled as the losses arrive, with its dataset.
 """
 from __future__ import annotations
 
-import math
+from typing import Callable
 
-import numpy as np
+from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QTabWidget, QWidget
+from PySide6.QtWidgets import QMainWindow, QTabWidget, QWidget
 
+from engine import run_state as rs
+from engine.run import Phase, RunModel
 from engine.runs import RunRecord
 
-from . import worker as w
 from .attention_view import AttentionPanel
 from .char_map import CharMapPanel
 from .inspect_hub import InspectHub
+from .loss_plot import LossPlot
 from .next_char_panel import NextCharPanel
 from .run_list import RunListPanel
+from .sample_panel import SamplePanel
 from .scaling_study import ScalingStudyDialog
 
 TAB_SHORTCUTS = "Ctrl+1 Ctrl+2 Ctrl+3 Ctrl+4 Ctrl+5".split()
 
 
-class ExploreTabs:
-    # layout -------------------------------------------------------------------
-    def _build_tabs(self, training_page: QWidget) -> QTabWidget:
-        self.inspect_hub = InspectHub(self)
+class ExploreController(QObject):
+    def __init__(self, host: QMainWindow, run: RunModel, send: Callable[[rs.Command], bool],
+                 training_page: QWidget, loss_plot: LossPlot, sample_panel: SamplePanel,
+                 notify, dataset_path: Callable[[], str | None], worker_step: Callable[[], int]):
+        super().__init__(host)
+        self._host, self.run, self._send, self.notify = host, run, send, notify
+        self._dataset_path, self._worker_step = dataset_path, worker_step
+        self.inspect_hub = InspectHub(host)
         self.next_char_panel = NextCharPanel(self.inspect_hub)
         self.attention_panel = AttentionPanel(self.inspect_hub)
         self.char_map_panel = CharMapPanel(self.inspect_hub)
-        self.run_list = RunListPanel(smoothing=self.loss_plot.smoothing)
+        self.run_list = RunListPanel(smoothing=loss_plot.smoothing)
         self.run_record: RunRecord | None = None  # the current run's, in run_list.runs
         self.scaling_dialog: ScalingStudyDialog | None = None
         self._scaling_data_path: str | None = None
@@ -46,25 +56,26 @@ class ExploreTabs:
                 (self.char_map_panel, "Character &map", "The characters' embeddings in two dimensions"),
                 (self.run_list, "R&uns", "Every run of this session; overlay their loss curves")):
             self.tabs.setTabToolTip(self.tabs.addTab(page, title), tip)
-        self.tabs.currentChanged.connect(self._update_snapshot_wish)
+        self.tabs.currentChanged.connect(self.update_snapshot_wish)
 
         self.next_char_panel.sampleRequested.connect(self.request_prefix_samples)
         self.next_char_panel.nameActivated.connect(self.show_attention)
-        self.sample_panel.samples_list.itemActivated.connect(lambda item: self.show_attention(item.text()))
-        self.sample_panel.samples_list.setToolTip("Generated names (double-click: show its attention)")
-        self.loss_plot.smoothingChanged.connect(self.run_list.set_smoothing)
-        return self.tabs
+        sample_panel.samples_list.itemActivated.connect(lambda item: self.show_attention(item.text()))
+        sample_panel.samples_list.setToolTip("Generated names (double-click: show its attention)")
+        loss_plot.smoothingChanged.connect(self.run_list.set_smoothing)
+        run.subscribe(self._on_model)
 
-    def _build_explore_menus(self) -> None:
-        view_menu = self.menuBar().addMenu("&View")
+    def build_menus(self) -> None:
+        host = self._host
+        view_menu = host.menuBar().addMenu("&View")
         for index, keys in enumerate(TAB_SHORTCUTS):
             title = self.tabs.tabText(index).replace("&", "")
-            act = QAction(title, self, objectName=f"showTab{index}Action")
+            act = QAction(title, host, objectName=f"showTab{index}Action")
             act.setShortcut(QKeySequence(keys))
             act.triggered.connect(lambda checked=False, i=index: self.tabs.setCurrentIndex(i))
             view_menu.addAction(act)
-        tools_menu = self.menuBar().addMenu("&Tools")
-        act = QAction("&Scaling study...", self, objectName="scalingStudyAction")
+        tools_menu = host.menuBar().addMenu("&Tools")
+        act = QAction("&Scaling study...", host, objectName="scalingStudyAction")
         act.setToolTip("Measure ms per step against model size for several backends")
         act.triggered.connect(lambda checked=False: self.show_scaling_study())
         tools_menu.addAction(act)
@@ -76,85 +87,99 @@ class ExploreTabs:
         self.tabs.setCurrentWidget(self.attention_panel)
 
     def request_prefix_samples(self, prefix: str, num_samples: int, temperature: float, seed: int) -> None:
-        if self.session is None or self.state not in w.HAS_MODEL:
-            self.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
-            return
-        self.session.worker.request_samples(num_samples, temperature, seed, prefix=prefix)
+        if not self._send(rs.Sample(num_samples, temperature, seed, prefix)):
+            self.notify.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
 
     def show_scaling_study(self) -> ScalingStudyDialog | None:
-        if self.dataset_path is None:
-            self.show_message("info", "No dataset", "The scaling study trains on the dataset: open one first.")
+        path = self._dataset_path()
+        if path is None:
+            self.notify.show_message("info", "No dataset",
+                                     "The scaling study trains on the dataset: open one first.")
             return None
         dialog = self.scaling_dialog
-        if dialog is None or self._scaling_data_path != self.dataset_path and not dialog.running:
+        if dialog is None or self._scaling_data_path != path and not dialog.running:
             if dialog is not None:  # a new dataset: a new study
                 dialog.close()
                 dialog.deleteLater()
-            dialog = self.scaling_dialog = ScalingStudyDialog(data_path=self.dataset_path, parent=self)
-            self._scaling_data_path = self.dataset_path
+            dialog = self.scaling_dialog = ScalingStudyDialog(data_path=path, parent=self._host)
+            self._scaling_data_path = path
         dialog.show()
         dialog.raise_()
         dialog.activateWindow()
         return dialog
 
     # snapshots ----------------------------------------------------------------
-    def _update_snapshot_wish(self, *_) -> None:
+    def update_snapshot_wish(self, *_) -> None:
         """Snapshots only while a panel that reads them is on screen (they cost a copy)."""
-        session, wanted = self.session, self.inspect_hub.wants_snapshots
-        if session is None:
-            return
-        session.worker.want_snapshots(wanted)
+        wanted = self.inspect_hub.wants_snapshots
+        self._send(rs.WantSnapshots(wanted))
         snapshot = self.inspect_hub.snapshot
-        if wanted and self.state in w.HAS_MODEL and (snapshot is None or snapshot.step != session.worker.step):
-            session.worker.request_snapshot()
+        if wanted and self.run.has_model and (snapshot is None or snapshot.step != self._worker_step()):
+            self._send(rs.TakeSnapshot())
 
-    # run records ----------------------------------------------------------------
-    def _explore_session_started(self, session) -> None:
-        session.reports.snapshot.connect(self.inspect_hub.set_snapshot)
-        session.reports.diverged.connect(self._explore_diverged)
-        session.reports.prefixSamples.connect(self.next_char_panel.show_samples)
-        session.worker.want_snapshots(self.inspect_hub.wants_snapshots)
+    # the worker's events and the model's changes ------------------------------------
+    def on_event(self, event: rs.Event) -> None:
+        if isinstance(event, rs.Opened):
+            self._add_record(event)
+        elif isinstance(event, rs.Losses) and self.run_record is not None:
+            self.run_record.extend(event.losses, event.first_step, event.seconds)  # NaN stays NaN per step
+            self.run_list.update_run(self.run_record)
+        elif isinstance(event, rs.SnapshotReady):
+            self.inspect_hub.set_snapshot(event.snapshot)
+        elif isinstance(event, rs.Samples) and event.prefix is not None:
+            self.next_char_panel.show_samples(event.names, event.step)
+        elif isinstance(event, rs.Diverged):
+            self._set_status("diverged")
+        elif isinstance(event, rs.Extended) and self.run_record is not None:
+            self.run_record.train = self.run.train
+            self._record_phase(self.run.phase)
 
-    def _explore_opened(self, info: w.RunInfo, from_checkpoint: bool) -> None:
-        self.run_record = RunRecord(f"run {len(self.run_list.runs) + 1}", info.backend, info.model, info.train,
-                                    status="loaded" if from_checkpoint else "running")
+    def _add_record(self, event: rs.Opened) -> None:
+        info, dataset = event.info, self.run.dataset
+        self.run_record = RunRecord(f"run {self.run_list.count + 1}", info.backend, info.model, info.train,
+                                    status="loaded" if event.from_checkpoint else "running",
+                                    dataset=dataset.name if dataset else "",
+                                    dataset_hash=dataset.content_hash if dataset else "")
         self.run_list.add_run(self.run_record)
-        self.sample_panel.set_block_size(info.model.block_size)
-        self._update_snapshot_wish()
+        self.update_snapshot_wish()
 
-    def _explore_losses(self, losses: np.ndarray, first_step: int, seconds: float) -> None:
+    def _on_model(self, run: RunModel, what: str) -> None:
+        if what != "phase":
+            return
+        if run.phase == Phase.OPENING:
+            self.update_snapshot_wish()  # a new worker: tell it whether snapshots are wanted
+        elif run.phase in (Phase.STOPPING, Phase.NONE):
+            self._forget_model()
+        else:
+            self._record_phase(run.phase)
+
+    def _record_phase(self, phase: Phase) -> None:
         record = self.run_record
         if record is None:
             return
-        record.extend(losses, first_step, seconds)  # NaN (not timed) stays NaN per step
-        self.run_list.update_run(record)
-
-    def _explore_state(self, state: str) -> None:
-        record = self.run_record
-        if record is None:
-            return
-        if state == w.RUNNING:
+        if phase == Phase.RUNNING:
             record.status = "running"
-        elif state != w.PAUSED and record.status == "running":
-            num_steps = self.run_info.train.num_steps if self.run_info else math.inf
-            record.status = "finished" if record.steps >= num_steps else "stopped"
+        elif phase != Phase.PAUSED and record.status == "running":
+            record.status = "finished" if record.steps >= record.train.num_steps else "stopped"
         self.run_list.update_run(record)
 
-    def _explore_diverged(self, _step: int) -> None:
+    def _set_status(self, status: str) -> None:
         """The worker reports divergence just after it has stopped the run."""
         record = self.run_record
         if record is not None and record.status in ("running", "stopped"):
-            record.status = "diverged"
+            record.status = status
             self.run_list.update_run(record)
 
-    def _explore_cleared(self) -> None:
-        """Reset or a new run: the panels forget the old model; its record stays in the list."""
-        self._explore_state("none")
-        self.run_record = None
+    def _forget_model(self) -> None:
+        """Reset or a new run: the panels forget the old model; its record stays in the list
+        (its curves made small)."""
+        record, self.run_record = self.run_record, None
+        if record is not None:
+            self._record_phase(Phase.NONE)
+            self.run_list.run_ended(record)
         self.inspect_hub.set_snapshot(None)
 
-    def _explore_close(self) -> None:
+    def close(self) -> None:
         self.inspect_hub.close(timeout_s=0)  # daemon threads: asked to stop, never waited for
         if self.scaling_dialog is not None:
             self.scaling_dialog.close()
-

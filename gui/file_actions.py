@@ -1,24 +1,33 @@
-"""The window's File and Help menus: checkpoints, exports, About, and the
-settings that persist between sessions (QSettings). A mixin of MainWindow.
+"""The window's File and Help menus: datasets and checkpoints, exports, the
+save question's and autosave's settings, About.
 
-Files are read and written off the GUI thread (gui.background): a checkpoint
-is read and checked before the current run is touched, and every way reading
+A FileController is given the run controller, the dataset controller and the
+widgets it exports from. Files are read and written off the GUI thread
+(gui.background): a checkpoint is read and checked before the current run is
+touched (and, after the save question, replaces it), and every way reading
 it can fail is a message. Exports take the window's own display copy of the
 losses, never the worker's state.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 import engine
+from engine import run_state as rs
 from engine.runs import write_loss_csv
 
-from . import worker as w
-from .background import BackgroundCall
+from .background import run_in_background
+from .dataset_control import DatasetController
 from .dialogs import about_html
+from .loss_plot import LossPlot
+from .run_control import RunController
+
+AUTOSAVE_CHOICES = (0, 5, 10, 30)  # minutes of training between autosaves (0: off)
 
 
 def standard_keys(key: QKeySequence.StandardKey, fallback: str) -> list[QKeySequence]:
@@ -27,72 +36,129 @@ def standard_keys(key: QKeySequence.StandardKey, fallback: str) -> list[QKeySequ
     return QKeySequence.keyBindings(key) or [QKeySequence(fallback)]
 
 
-class FileActions:
-    """File menu, Help menu and settings, for MainWindow (which provides the widgets)."""
+def read_checkpoint(path: str):
+    """engine.read_checkpoint, looked up when called (tests replace it)."""
+    return engine.read_checkpoint(path)
 
-    def _build_menus(self) -> None:
+
+class FileController(QObject):
+    exported = Signal(str)  # path of a file export_csv wrote
+
+    def __init__(self, host: QMainWindow, runs: RunController, datasets: DatasetController, loss_plot: LossPlot,
+                 notify, backend_name: Callable[[], str | None], ask_open_path: Callable[..., str]):
+        super().__init__(host)
+        self._host, self.runs, self.datasets, self.loss_plot, self.notify = host, runs, datasets, loss_plot, notify
+        self._backend_name, self._ask_open_path = backend_name, ask_open_path
+        self._checkpoint_read = None  # the latest Load checkpoint, until it reports
+        runs.on_discard.append(self.forget_reads)
+
+    def build_file_menu(self) -> None:
+        host = self._host
+
         def action(menu, text, slot, shortcut=None, name=None):
-            act = QAction(text, self, objectName=name or "")
+            act = QAction(text, host, objectName=name or "")
             if shortcut is not None:
                 act.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
             act.triggered.connect(lambda checked=False: slot())
             menu.addAction(act)
             return act
 
-        file_menu = self.menuBar().addMenu("&File")
-        action(file_menu, "&Open dataset...", self.open_dataset, standard_keys(QKeySequence.Open, "Ctrl+O"), "openDatasetAction")
-        file_menu.addSeparator()
-        self.save_action = action(file_menu, "&Save checkpoint...", self.save_checkpoint,
+        menu = host.menuBar().addMenu("&File")
+        action(menu, "&Open dataset...", self.datasets.open, standard_keys(QKeySequence.Open, "Ctrl+O"),
+               "openDatasetAction")
+        menu.addSeparator()
+        self.save_action = action(menu, "&Save checkpoint...", self.save_checkpoint,
                                   standard_keys(QKeySequence.Save, "Ctrl+S"), "saveCheckpointAction")
-        action(file_menu, "&Load checkpoint...", self.load_checkpoint, "Ctrl+Shift+O", "loadCheckpointAction")
-        file_menu.addSeparator()
-        action(file_menu, "Export loss as &CSV...", self.export_csv, "Ctrl+E", "exportCsvAction")
-        action(file_menu, "Export plot as &PNG...", self.export_png, "Ctrl+Shift+E", "exportPngAction")
-        file_menu.addSeparator()
-        action(file_menu, "&Quit", self.close, standard_keys(QKeySequence.Quit, "Ctrl+Q"), "quitAction")
-        self._build_run_menu()
-        self._build_explore_menus()
-        help_menu = self.menuBar().addMenu("&Help")
-        action(help_menu, "&About microgpt-gui", self.show_about, None, "aboutAction")
+        action(menu, "&Load checkpoint...", self.load_checkpoint, "Ctrl+Shift+O", "loadCheckpointAction")
+        self.ask_action = QAction("As&k to save before discarding a trained model", host,
+                                  objectName="askToSaveAction", checkable=True, checked=True)
+        self.ask_action.toggled.connect(lambda on: setattr(self.runs.guard, "enabled", on))
+        menu.addAction(self.ask_action)
+        autosave_menu = menu.addMenu("A&utosave")
+        self.autosave_group = QActionGroup(host)
+        for minutes in AUTOSAVE_CHOICES:
+            act = QAction(f"Every {minutes} minutes of training" if minutes else "Off", host, checkable=True,
+                          objectName=f"autosave{minutes}Action")
+            act.setData(minutes)
+            act.toggled.connect(lambda on, m=minutes: on and self.runs.autosaver.set_minutes(m))
+            self.autosave_group.addAction(act)
+            autosave_menu.addAction(act)
+        self.set_autosave_minutes(0)
+        menu.addSeparator()
+        action(menu, "Export loss as &CSV...", self.export_csv, "Ctrl+E", "exportCsvAction")
+        action(menu, "Export plot as &PNG...", self.export_png, "Ctrl+Shift+E", "exportPngAction")
+        menu.addSeparator()
+        action(menu, "&Quit", host.close, standard_keys(QKeySequence.Quit, "Ctrl+Q"), "quitAction")
+        self.runs.run.subscribe(lambda run, what: self.save_action.setEnabled(run.has_model))
+        self.save_action.setEnabled(False)
+
+    def build_help_menu(self) -> None:
+        help_menu = self._host.menuBar().addMenu("&Help")
+        act = QAction("&About microgpt-gui", self._host, objectName="aboutAction")
+        act.triggered.connect(lambda checked=False: self.show_about())
+        help_menu.addAction(act)
+
+    def set_autosave_minutes(self, minutes: int) -> None:
+        chosen = next((a for a in self.autosave_group.actions() if a.data() == minutes), None)
+        if chosen is None:  # a hand-edited setting: the nearest choice is not guessed, it is off
+            chosen = self.autosave_group.actions()[0]
+        chosen.setChecked(True)
+        self.runs.autosaver.set_minutes(chosen.data())
+
+    @property
+    def autosave_minutes(self) -> int:
+        return self.autosave_group.checkedAction().data()
 
     def show_about(self) -> None:
-        self.show_message("info", "About microgpt-gui", about_html(self.run_info.backend if self.run_info
-                                                                   else self.config_panel.backend_name()))
+        run = self.runs.run
+        self.notify.show_message("info", "About microgpt-gui",
+                                 about_html(run.backend if run.has_model else self._backend_name()))
 
-    # files ------------------------------------------------------------------
+    # checkpoints --------------------------------------------------------------
     def save_checkpoint(self, path: str | None = None) -> None:
-        if self.session is None or self.state not in w.HAS_MODEL:
-            self.show_message("info", "Nothing to save", "Train a model first.")
+        if not self.runs.run.has_model:
+            self.notify.show_message("info", "Nothing to save", "Train a model first.")
             return
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Save checkpoint", "microgpt.npz", "Checkpoints (*.npz)")
+            path = self.ask_save_path()
             if not path:
                 return
-        self.session.worker.request_save(str(path))
+        self.runs.send(rs.Save(str(path)))
+
+    def ask_save_path(self) -> str:
+        path, _ = QFileDialog.getSaveFileName(self._host, "Save checkpoint", "microgpt.npz", "Checkpoints (*.npz)")
+        return path
 
     def load_checkpoint(self, path: str | None = None) -> None:
         """Read and check the file off the GUI thread; the current run is ended only
-        once it has proved usable."""
+        once it has proved usable (and after the save question)."""
         if path is None:
             path = self._ask_open_path("Load checkpoint", "", "Checkpoints (*.npz);;All files (*)")
             if not path:
                 return
-        self._checkpoint_read = BackgroundCall("read-checkpoint", engine.read_checkpoint, str(path), parent=self)
-        self._checkpoint_read.done.connect(self._on_checkpoint_read)
-        self._checkpoint_read.failed.connect(self._on_checkpoint_failed)
-        self._checkpoint_read.start()
-        self.statusBar().showMessage(f"Reading checkpoint {Path(path).name}...", 10000)
+        path = str(path)
+        call = self._checkpoint_read = run_in_background(
+            read_checkpoint, path, parent=self, name="read-checkpoint",
+            on_done=lambda checkpoint: self._on_checkpoint_read(call, path, checkpoint),
+            on_failed=lambda exc: self._on_checkpoint_failed(call, path, exc))
+        self.notify.status(f"Reading checkpoint {Path(path).name}...", 10000)
 
-    def _on_checkpoint_read(self, call: BackgroundCall, checkpoint) -> None:
+    def forget_reads(self) -> None:
+        """Reset, a new run or closing: a checkpoint still being read is not loaded."""
+        self._checkpoint_read = None
+
+    def _on_checkpoint_read(self, call, path: str, checkpoint) -> None:
         if call is not self._checkpoint_read:
             return  # superseded by a later load, a Reset or closing
         self._checkpoint_read = None
-        self._start_session(w.RunSpec(self.config_panel.backend_name(), checkpoint=checkpoint, autostart=False))
+        spec = rs.RunSpec(self._backend_name(), checkpoint=checkpoint, autostart=False)
+        identity = self.datasets.checkpoint_identity(checkpoint, path)
+        self.runs.guard.confirm(f"Loading {Path(path).name}", lambda: self.runs.open_run(spec, identity, path))
 
-    def _on_checkpoint_failed(self, call: BackgroundCall, exc: Exception) -> None:
+    def _on_checkpoint_failed(self, call, path: str, exc: Exception) -> None:
         if call is not self._checkpoint_read:
             return
-        path, self._checkpoint_read = call.args[0], None
+        self._checkpoint_read = None
         if isinstance(exc, engine.CheckpointError):
             message = str(exc)
         elif isinstance(exc, MemoryError):
@@ -101,74 +167,38 @@ class FileActions:
             message = f"cannot read {path}: {exc.strerror or exc}"
         else:  # whatever else a damaged file raises from deep inside
             message = f"{path} is not a usable checkpoint ({type(exc).__name__}: {exc})"
-        self.show_message("error", "Cannot load this checkpoint", message)
+        self.notify.show_message("error", "Cannot load this checkpoint", message)
 
+    # exports ------------------------------------------------------------------
     def export_csv(self, path: str | None = None) -> None:
         """step,loss,smoothed from the plot's own copy; written off the GUI thread (`exported`)."""
         steps, losses, smoothed = self.loss_plot.data()
         if not len(losses):
-            self.show_message("info", "Nothing to export", "There is no loss history yet.")
+            self.notify.show_message("info", "Nothing to export", "There is no loss history yet.")
             return
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Export loss", "loss.csv", "CSV files (*.csv)")
+            path, _ = QFileDialog.getSaveFileName(self._host, "Export loss", "loss.csv", "CSV files (*.csv)")
             if not path:
                 return
-        write = BackgroundCall("export-csv", write_loss_csv, str(path), steps, losses, smoothed, parent=self)
-        write.done.connect(self._on_csv_written)
-        write.failed.connect(self._on_csv_failed)
-        write.start()
+        path = str(path)
+        run_in_background(write_loss_csv, path, steps, losses, smoothed, parent=self, name="export-csv",
+                          on_done=self._on_csv_written, on_failed=lambda exc: self._on_csv_failed(path, exc))
 
-    def _on_csv_written(self, call: BackgroundCall, path: str) -> None:
-        self.statusBar().showMessage(f"Loss exported to {path}", 10000)
+    def _on_csv_written(self, path: str) -> None:
+        self.notify.status(f"Loss exported to {path}", 10000)
         self.exported.emit(path)
 
-    def _on_csv_failed(self, call: BackgroundCall, exc: Exception) -> None:
-        path = call.args[0]
+    def _on_csv_failed(self, path: str, exc: Exception) -> None:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        self.show_message("error", "Export failed", f"could not write {path}: {reason}")
+        self.notify.show_message("error", "Export failed", f"could not write {path}: {reason}")
 
     def export_png(self, path: str | None = None) -> None:
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Export plot", "loss.png", "PNG images (*.png)")
+            path, _ = QFileDialog.getSaveFileName(self._host, "Export plot", "loss.png", "PNG images (*.png)")
             if not path:
                 return
         if not self.loss_plot.plot.grab().save(str(path), "PNG"):
-            self.show_message("error", "Export failed", f"could not write {path}")
+            self.notify.show_message("error", "Export failed", f"could not write {path}")
         else:
-            self.statusBar().showMessage(f"Plot exported to {path}", 10000)
-
-    def _ask_open_path(self, title: str, folder: str, filters: str) -> str:
-        path, _ = QFileDialog.getOpenFileName(self, title, folder, filters)
-        return path
-
-    # settings -------------------------------------------------------------------
-    def _restore_settings(self) -> None:
-        s = self.settings
-        geometry = s.value("geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1200, 760)
-        self.config_panel.restore_settings(s)
-        self.sample_panel.set_temperature(float(s.value("sampling/temperature", 0.5)))
-        self.sample_panel.count_spin.setValue(int(s.value("sampling/count", 10)))
-        self.loss_plot.smoothing_slider.setValue(int(s.value("plot/smoothing", 950)))
-        self.loss_plot.set_log_y(str(s.value("plot/log_y", "false")).lower() == "true")
-        try:
-            self.tabs.setCurrentIndex(int(s.value("view/tab", 0)))  # out of range: stays on Training
-        except (TypeError, ValueError):
-            pass
-
-    def save_settings(self) -> None:
-        s = self.settings
-        s.setValue("geometry", self.saveGeometry())
-        if self.dataset_path:
-            s.setValue("dataset", self.dataset_path)
-        self.config_panel.save_settings(s)
-        s.setValue("sampling/temperature", self.sample_panel.temperature)
-        s.setValue("sampling/count", self.sample_panel.count_spin.value())
-        s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
-        s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
-        s.setValue("view/tab", self.tabs.currentIndex())
-        s.sync()
+            self.notify.status(f"Plot exported to {path}", 10000)
 

@@ -25,6 +25,8 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 import engine
 
+from .background import emit_while_alive
+
 YIELD_POLL_S = 0.002
 
 
@@ -114,10 +116,8 @@ def _serve(queue: _Queue, worker_ref: Callable, yield_to: _Queue | None) -> None
         if worker is None:
             return
         if error is not None and not queue.stale(request.key, request.generation):
-            try:
-                worker._finished.emit(request.key, request.generation, result, error)
-            except RuntimeError:  # its Qt object was deleted meanwhile
-                return
+            if not emit_while_alive(worker._finished, request.key, request.generation, result, error):
+                return  # its Qt object was deleted meanwhile
         del worker
 
 

@@ -1,31 +1,39 @@
 """The main window: settings on the left, the live loss plot and the samples
-on the right, controls, progress and status bar. Runs are started and ended
-by gui.run_control (a mixin); files, menus and settings by gui.file_actions.
-The run's state (step, losses, parameters) stays with the worker's backend;
-the window keeps only what it displays.
+on the right, controls, progress and status bar. It holds the run model
+(engine.run.RunModel) and the controllers that observe it, each given what it
+uses: gui.run_control (runs and the worker's events), gui.dataset_control
+(the dataset), gui.file_actions (files and the File and Help menus) and
+gui.explore (the explore tabs). The run's state (step, losses, parameters)
+stays with the worker's backend; the window keeps only what it displays.
+
+Closing asks the save question first when a trained model would be lost;
+then the window hides at once and closes when the worker has finished, or
+gives up after sessions.END_BOUND_S (exit_hook). Nothing waits on the GUI
+thread.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, Signal, Slot
+from PySide6.QtCore import QSettings, QTimer, Qt, Signal
 from PySide6 import QtGui
 from PySide6.QtGui import QIcon, QTextDocumentFragment
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
                                QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 import engine
+from engine.run import Phase, RunModel
 
-from . import worker as w
-from .background import BackgroundCall
+from . import sessions as sessions_module
 from .config_panel import ConfigPanel
 from .controls import ElidingStatusBar
+from .dataset_control import DatasetController
 from .dialogs import show_message_box
-from .explore import ExploreTabs
-from .file_actions import FileActions
+from .explore import ExploreController
+from .file_actions import FileController
 from .loss_plot import LossPlot
-from .run_control import IDLE, STOPPING, RunControl, format_duration
+from .run_control import Notifier, RunController, RunWidgets
 from .sample_panel import SamplePanel
 from .sessions import Sessions, exit_now, shorten_gil_switch_interval
 
@@ -45,16 +53,8 @@ def plain_text(text: str) -> str:
     return QTextDocumentFragment.fromHtml(text).toPlainText() if QtGui.Qt.mightBeRichText(text) else text
 
 
-def read_corpus(path: str) -> engine.Corpus:
-    """The dataset, with its token arrays built (a Python loop over every document:
-    done here, off the GUI thread, not at the window's first look at it)."""
-    corpus = engine.load_corpus(path)
-    corpus.arrays  # noqa: B018  (a cached property: built once, here)
-    return corpus
-
-
-class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
-    stateChanged = Signal(str)     # the run's state, "none" with no run, "stopping" while one ends
+class MainWindow(QMainWindow):
+    stateChanged = Signal(str)     # the run's phase (engine.run.Phase's value)
     datasetChanged = Signal(str)   # path of the dataset now in use
     messageShown = Signal(str, str)  # kind ("error", "warning", "info"), text
     exported = Signal(str)         # path of a file export_csv wrote
@@ -65,28 +65,27 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         shorten_gil_switch_interval()  # datasets are read, runs trained, in other threads
         self.setWindowTitle("microgpt-gui")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.svg")))
-        self.corpus: engine.Corpus | None = None
-        self.dataset_path: str | None = None
+        self.run = RunModel()
         self.sessions = Sessions(self)
-        self.run_info: w.RunInfo | None = None
-        self.state = "none"
         self.messages: list[tuple[str, str, str]] = []  # (kind, title, text), newest last
         self.message_hook = show_message_box             # replaceable, e.g. by tests
         self.exit_hook = exit_now  # called if a closed window's worker outlasts END_BOUND_S
-        self._dataset_read: BackgroundCall | None = None  # the latest Open dataset, until it reports
+        self._closing = False      # the close is decided: the window hides, then closes
+        self._exit_timer = QTimer(self, singleShot=True)
+        self._exit_timer.timeout.connect(self._give_up_waiting)
 
         self.setStatusBar(ElidingStatusBar())  # before anything shows a message
         self._build_ui()
-        self._init_run_control()
-        self._build_menus()
+        self._build_controllers()
         self.settings = open_settings()
         self._restore_settings()
-        self._update_controls()
+        self.run.subscribe(self._on_model)
+        self.runs.update_actions()
         self._update_status()
         if data_path is not None:
             self.open_dataset(str(data_path))
         else:
-            self._start_default_dataset()
+            self.datasets.start_default(str(self.settings.value("dataset", "") or ""))
 
     # layout -----------------------------------------------------------------
     def _build_ui(self) -> None:
@@ -94,9 +93,10 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         self.train_button = QPushButton("Train", objectName="trainButton")
         self.stop_button = QPushButton("Stop", objectName="stopButton")
         self.reset_button = QPushButton("Reset", objectName="resetButton")
-        buttons = QHBoxLayout()
-        for button in (self.train_button, self.stop_button, self.reset_button):
-            buttons.addWidget(button)
+        buttons = QGridLayout()  # Train on a row of its own: "Continue to 1,000,000 steps" is long
+        buttons.addWidget(self.train_button, 0, 0, 1, 2)
+        buttons.addWidget(self.stop_button, 1, 0)
+        buttons.addWidget(self.reset_button, 1, 1)
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.addWidget(self.config_panel)
@@ -121,21 +121,50 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
         right.setStretchFactor(1, 2)
         splitter = QSplitter(Qt.Horizontal, objectName="mainSplitter")
         splitter.addWidget(scroll)
-        splitter.addWidget(self._build_tabs(right))
-        splitter.setStretchFactor(1, 1)
+        self._training_page = right
+        self._splitter = splitter
         self.setCentralWidget(splitter)
-        self._reset_progress()
 
         self.status_labels = {key: QLabel(" ", objectName=f"status_{key}")
                               for key in ("backend", "params", "step", "loss", "smoothed")}
         for label in self.status_labels.values():
             self.statusBar().addPermanentWidget(label)
 
-        self.config_panel.changed.connect(self._update_controls)
-        self.config_panel.changed.connect(self._on_config_changed)
+        self.config_panel.changed.connect(self._update_status)
         self.config_panel.openDatasetRequested.connect(self.open_dataset)
         self.loss_plot.smoothingChanged.connect(self._update_status)
-        self.loss_plot.redrawn.connect(self._on_redrawn)
+        self.loss_plot.redrawn.connect(self._update_status)
+
+    def _build_controllers(self) -> None:
+        notify = Notifier(self.show_message, lambda text, ms: self.statusBar().showMessage(text, ms))
+        widgets = RunWidgets(self.config_panel, self.train_button, self.stop_button, self.reset_button,
+                             self.progress_bar, self.loss_plot, self.sample_panel)
+        ask_save_path = lambda: self.files.ask_save_path()  # noqa: E731  (files is made below)
+        self.runs = RunController(self, self.run, self.sessions, widgets, notify,
+                                  lambda: (self.datasets.corpus, self.datasets.identity), ask_save_path)
+        self.datasets = DatasetController(self, self.run, self.runs, self.config_panel, self.loss_plot,
+                                          notify, self._ask_open_path)
+        self.datasets.changed.connect(self.datasetChanged)
+        self.explore = ExploreController(self, self.run, self.runs.send, self._training_page, self.loss_plot,
+                                         self.sample_panel, notify, lambda: self.datasets.path,
+                                         lambda: self.session.worker.step if self.session else 0)
+        self.runs.listeners.append(self.explore.on_event)
+        x = self.explore  # its widgets, by the window's names for them
+        self.tabs, self.run_list, self.inspect_hub = x.tabs, x.run_list, x.inspect_hub
+        self.next_char_panel, self.attention_panel, self.char_map_panel = (
+            x.next_char_panel, x.attention_panel, x.char_map_panel)
+        self.datasets.changed.connect(lambda path: self.explore.run_list.set_reference_dataset(
+            self.datasets.identity.content_hash))
+        self._splitter.addWidget(self.explore.tabs)
+        self._splitter.setStretchFactor(1, 1)
+        self.files = FileController(self, self.runs, self.datasets, self.loss_plot, notify,
+                                    self.config_panel.backend_name, self._ask_open_path)
+        self.files.exported.connect(self.exported)
+        self.files.build_file_menu()
+        self.save_action = self.files.save_action
+        self.runs.build_menu()
+        self.explore.build_menus()
+        self.files.build_help_menu()
 
     # messages ---------------------------------------------------------------
     def show_message(self, kind: str, title: str, text: str, details: str = "", status: str = "") -> None:
@@ -151,122 +180,180 @@ class MainWindow(RunControl, FileActions, ExploreTabs, QMainWindow):
                                  and self.statusBar().clearMessage())
         self.messageShown.emit(kind, text)
 
-    # dataset ----------------------------------------------------------------
-    def open_dataset(self, path: str | None = None) -> bool:
-        """Start reading a dataset (off the GUI thread); True when a read started.
-        datasetChanged follows when it is in use, or an error message."""
-        if path is None:
-            path = self._ask_open_path("Open dataset", self.dataset_path or "", "Text files (*.txt);;All files (*)")
-            if not path:
-                return False
-        path = str(path)
-        self._dataset_read = BackgroundCall("read-dataset", read_corpus, path, parent=self)
-        self._dataset_read.done.connect(self._on_dataset_read)
-        self._dataset_read.failed.connect(self._on_dataset_failed)
-        self._dataset_read.start()
-        self.config_panel.dataset_info.setText(f"Reading {Path(path).name}...")
-        self._update_controls()
-        return True
+    # the model ----------------------------------------------------------------------
+    def _on_model(self, run: RunModel, what: str) -> None:
+        if what == "step":
+            return  # the status follows the plot's redraws
+        if what == "phase":
+            self.stateChanged.emit(run.phase.value)
+        elif what == "run" and run.dataset is not None:
+            self.explore.run_list.set_reference_dataset(run.dataset.content_hash)
+        self._update_status()
+
+    # what tests, scripts and the app use: the controllers' actions -------------------
+    @property
+    def state(self) -> Phase:
+        return self.run.phase
+
+    @property
+    def session(self):
+        """The current run's Session (None with no run; ended runs are not current)."""
+        return self.sessions.current
+
+    @property
+    def corpus(self) -> engine.Corpus | None:
+        return self.datasets.corpus
+
+    @property
+    def dataset_path(self) -> str | None:
+        return self.datasets.path
 
     @property
     def reading_dataset(self) -> bool:
-        return self._dataset_read is not None
+        return self.datasets.reading
 
-    def _on_dataset_read(self, call: BackgroundCall, corpus: engine.Corpus) -> None:
-        if call is not self._dataset_read:
-            return  # a later Open dataset superseded this one
-        path, self._dataset_read = call.args[0], None
-        self.reset()  # a run belongs to its dataset
-        self.corpus, self.dataset_path = corpus, path
-        self.config_panel.set_dataset_path(path)
-        self._show_dataset_info()
-        self.config_panel.set_vocab_size(corpus.vocab_size)
-        self.loss_plot.set_vocab_size(corpus.vocab_size)
-        self.statusBar().showMessage(f"Dataset {Path(path).name}: {len(corpus):,} documents", 10000)
-        self._update_controls()
-        self._update_status()
-        self.datasetChanged.emit(path)
+    @property
+    def ask_before_discarding(self) -> bool:
+        return self.files.ask_action.isChecked()
 
-    def _on_dataset_failed(self, call: BackgroundCall, exc: Exception) -> None:
-        if call is not self._dataset_read:
+    @ask_before_discarding.setter
+    def ask_before_discarding(self, on: bool) -> None:
+        self.files.ask_action.setChecked(on)
+
+    def open_dataset(self, path: str | None = None) -> bool:
+        return self.datasets.open(path)
+
+    def start_run(self) -> bool:
+        return self.runs.start_run()
+
+    def train_or_pause(self) -> None:
+        self.runs.train_or_pause()
+
+    def stop(self) -> None:
+        self.runs.stop()
+
+    def reset(self) -> None:
+        self.runs.reset()
+
+    def request_samples(self, num_samples: int, temperature: float, seed: int,
+                        max_length: int | None = None) -> None:
+        self.runs.request_samples(num_samples, temperature, seed, max_length)
+
+    def save_checkpoint(self, path: str | None = None) -> None:
+        self.files.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str | None = None) -> None:
+        self.files.load_checkpoint(path)
+
+    def export_csv(self, path: str | None = None) -> None:
+        self.files.export_csv(path)
+
+    def export_png(self, path: str | None = None) -> None:
+        self.files.export_png(path)
+
+    def show_about(self) -> None:
+        self.files.show_about()
+
+    def show_scaling_study(self):
+        return self.explore.show_scaling_study()
+
+    def _train_problem(self) -> str:
+        return self.runs.train_problem()
+
+    @property
+    def scaling_dialog(self):
+        return self.explore.scaling_dialog
+
+    def _ask_open_path(self, title: str, folder: str, filters: str) -> str:
+        path, _ = QFileDialog.getOpenFileName(self, title, folder, filters)
+        return path
+
+    # closing ----------------------------------------------------------------------
+    def closeEvent(self, event) -> None:
+        if not self._closing:
+            if self.runs.guard.needed() or self.runs.guard.busy:  # ask first; the answer closes
+                event.ignore()
+                self.runs.guard.confirm("Quitting", self.close_without_asking)
+                return
+            self._begin_closing()
+        if self.sessions.busy_ending:  # hide now, close when the worker has finished
+            event.ignore()
+            self.hide()
+            if not self._exit_timer.isActive():
+                self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
             return
-        path, self._dataset_read = call.args[0], None
-        message = str(exc) if isinstance(exc, engine.DatasetError) else f"cannot read {path}: {exc}"
-        self._show_dataset_info()
-        self._update_controls()
-        self.show_message("error", "Cannot use this dataset", message)
+        self._exit_timer.stop()
+        super().closeEvent(event)
+        self.closed.emit()
 
-    def _show_dataset_info(self, info: w.RunInfo | None = None) -> None:
-        if info is not None:
-            text = f"{info.num_docs:,} documents, vocabulary {info.vocab_size} (from the checkpoint)"
-        elif self.corpus is not None:
-            c = self.corpus
-            text = f"{len(c):,} documents, vocabulary {c.vocab_size} ({''.join(c.chars)} + end)"
-            try:
-                note = c.truncation_note(self.config_panel.model_config().block_size)
-            except ValueError:  # no valid block_size yet; the config panel says why
-                note = ""
-            text += f". Note: {note}." if note else ""
+    def close_without_asking(self) -> bool:
+        """Close now, whatever is unsaved (after the question's answer, or when the
+        app's event loop has ended and nobody can answer)."""
+        if not self._closing:
+            self._begin_closing()
+        return self.close()
+
+    def _begin_closing(self) -> None:
+        self._closing = True
+        self.runs.guard.forget()  # nothing is asked after the window is gone
+        self.save_settings()
+        self.explore.close()
+        self.files.forget_reads()
+        self.datasets.forget_read()
+        self.sessions.allEnded.connect(self.close)
+        self.runs.end_run()
+
+    def _give_up_waiting(self) -> None:
+        if self.sessions.busy_ending:
+            self.exit_hook(f"the training thread is still busy ({self.sessions.waiting_for() or 'ending'}) "
+                           f"{sessions_module.END_BOUND_S:g} s after the window was closed; exiting without "
+                           "waiting for it")
+
+    # settings ---------------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        s = self.settings
+        geometry = s.value("geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
         else:
-            text = " "
-        self.config_panel.dataset_info.setText(text)
-
-    def _on_config_changed(self) -> None:
-        if self.session is None and self._dataset_read is None:  # a run shows its own dataset
-            self._show_dataset_info()
-        self._update_status()
-
-    def _start_default_dataset(self) -> None:
-        """The dataset used last, else makemore's names.txt shipped with the package."""
-        saved = str(self.settings.value("dataset", "") or "")
-        if saved and Path(saved).is_file():
-            self.open_dataset(saved)
-            return
+            self.resize(1200, 760)
+        self.config_panel.restore_settings(s)
+        self.sample_panel.set_temperature(float(s.value("sampling/temperature", 0.5)))
+        self.sample_panel.count_spin.setValue(int(s.value("sampling/count", 10)))
+        self.loss_plot.smoothing_slider.setValue(int(s.value("plot/smoothing", 950)))
+        self.loss_plot.set_log_y(str(s.value("plot/log_y", "false")).lower() == "true")
+        self.ask_before_discarding = str(s.value("runs/ask_to_save", "true")).lower() == "true"
         try:
-            self.open_dataset(str(engine.default_dataset_path()))
-        except engine.DatasetError as exc:  # a damaged installation
-            self.config_panel.dataset_info.setText(f"{exc}. Use Open dataset... to choose a text file.")
-            self.show_message("error", "No dataset", str(exc),
-                              status="No dataset: names.txt is damaged (see the Dataset box); "
-                                     "use File > Open dataset...")
+            self.files.set_autosave_minutes(int(s.value("runs/autosave_minutes", 0)))
+            self.tabs.setCurrentIndex(int(s.value("view/tab", 0)))  # out of range: stays on Training
+        except (TypeError, ValueError):
+            pass
 
-    # display ----------------------------------------------------------------
-    def _update_controls(self) -> None:
-        state, problem = self.state, self._train_problem()
-        self._update_run_actions(state, problem)
-        has_model = state in w.HAS_MODEL
-        self.save_action.setEnabled(has_model)
-        self.config_panel.set_editable(state in IDLE or state == STOPPING)
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("geometry", self.saveGeometry())
+        if self.dataset_path:
+            s.setValue("dataset", self.dataset_path)
+        self.config_panel.save_settings(s)
+        s.setValue("sampling/temperature", self.sample_panel.temperature)
+        s.setValue("sampling/count", self.sample_panel.count_spin.value())
+        s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
+        s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
+        s.setValue("runs/ask_to_save", self.ask_before_discarding)
+        s.setValue("runs/autosave_minutes", self.files.autosave_minutes)
+        s.setValue("view/tab", self.tabs.currentIndex())
+        s.sync()
 
-    def _update_progress_text(self) -> None:
-        if self.state == STOPPING:
-            waiting = self.sessions.waiting_for()
-            self.progress_bar.setFormat("stopping…" + (f" (waiting for: {waiting})" if waiting else ""))
-            return
-        if self.run_info is None or self.state == w.OPENING:
-            return
-        step, total = self.progress_bar.value(), self.progress_bar.maximum()
-        text = f"{step:,} / {total:,} steps"
-        if self.state == w.RUNNING and self._rate:
-            text += f"  ·  {self._rate:,.0f} steps/s  ·  ETA {format_duration((total - step) / self._rate)}"
-        elif self.state in (w.PAUSED, w.DONE, w.READY):
-            text += {w.PAUSED: "  ·  paused", w.DONE: "  ·  done" if step >= total else "  ·  stopped",
-                     w.READY: "  ·  ready"}[self.state]
-        self.progress_bar.setFormat(text)
-
-    def _reset_progress(self) -> None:
-        self.progress_bar.setRange(0, 1)
-        self.progress_bar.setValue(0)
-        self.progress_bar.setFormat("no run")
-        self._rate = self._rate_mark = None
-
+    # display ----------------------------------------------------------------------
     def _update_status(self, *_) -> None:
-        info, labels = self.run_info, self.status_labels
-        labels["backend"].setText(f"Backend: {info.backend if info else self.config_panel.backend_name()}")
-        params = info.num_params if info else self.config_panel.num_params()
+        run, labels = self.run, self.status_labels
+        has_run = run.train is not None and run.phase != Phase.OPENING
+        labels["backend"].setText(f"Backend: {run.backend if has_run else self.config_panel.backend_name()}")
+        params = (run.model.num_params(run.dataset.vocab_size) if has_run and run.dataset
+                  else self.config_panel.num_params())
         labels["params"].setText(f"Params: {params:,}" if params else "Params: -")
-        total = info.train.num_steps if info else 0
-        labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {total:,}" if info else "Step -")
+        labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {run.train.num_steps:,}" if has_run
+                               else "Step -")
         last = self.loss_plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")
         labels["smoothed"].setText(f"Smoothed {last[1]:.4f}" if last else "Smoothed -")

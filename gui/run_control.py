@@ -1,60 +1,50 @@
-"""Runs, for MainWindow (a mixin): the Run menu (whose actions own the keyboard
-shortcuts; the Train, Stop, Reset and Sample buttons only mirror them),
-starting, pausing, stopping and ending runs, and what the worker reports.
+"""Runs: the Run menu (whose actions own the keyboard shortcuts; the Train,
+Stop, Reset and Sample buttons only mirror them), starting, pausing,
+stopping, resuming, continuing and ending runs, and the worker's events.
 
-Nothing here waits for the worker. Ending a run (Reset, Train again, Load
+A RunController is given the run model (engine.run.RunModel), the sessions
+and the widgets it drives; it moves the model by the worker's events and its
+own starts and endings, and passes every event on to its listeners (the
+explore tabs). What Train means comes from the model (pause, resume, continue
+to the Steps box's total, or a new run). Anything that would discard an
+unsaved model goes through the SaveGuard's question first.
+
+Nothing here waits for the worker. Ending a run (Reset, Train a new run, Load
 checkpoint, a new dataset, closing the window) asks the worker to end, shows
 "stopping…" with the call it is inside, and carries on when gui.sessions says
-it has finished; until then what needs a model is disabled. A closed window
-hides at once and closes when the worker has finished, or gives up after
-sessions.END_BOUND_S (exit_hook).
+it has finished; until then what needs a model is disabled.
 """
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
+from typing import Callable
 
-import numpy as np
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QProgressBar, QPushButton
 
 import engine
+from engine import run_state as rs
+from engine.run import ACTIVE, DatasetIdentity, Phase, RunModel, TrainChoice
+from engine.runs import preset_name
 
-from . import worker as w
-from . import sessions
+from .config_panel import ConfigPanel
+from .loss_plot import LossPlot
+from .run_guard import Autosaver, SaveGuard
+from .run_progress import ProgressView, run_summary
+from .sample_panel import SamplePanel
+from .sessions import Session, Sessions
 
-STOPPING = "stopping"  # the window's own state while an ended run's worker finishes its call
-ACTIVE = (w.RUNNING, w.PAUSED)
-IDLE = ("none", w.DONE, w.FAILED)  # no run going: settings are editable and Train starts one
-STOPPING_REFRESH_MS = 250  # how often "stopping… (waiting for: ...)" is refreshed
-TRAIN_LABELS = {w.RUNNING: "Pause", w.PAUSED: "Resume", w.READY: "Resume", w.OPENING: "Opening...",
-                STOPPING: "Stopping..."}
-STATE_MESSAGES = {w.RUNNING: "Training...", w.PAUSED: "Paused", w.READY: "Ready to resume training",
-                  w.DONE: "Run ended: you can sample, save a checkpoint, or train again"}
-
-
-def format_rate(rate: float) -> str:
-    """Two significant digits: 6,667 -> '6,700', 41.3 -> '41', 0.432 -> '0.43'."""
-    rounded = float(f"{rate:.2g}")
-    return f"{rounded:,.0f}" if rounded >= 10 else f"{rounded:g}"
+EDITABLE = (Phase.NONE, Phase.READY, Phase.DONE, Phase.FAILED, Phase.STOPPING)  # settings can change
+STATE_MESSAGES = {Phase.RUNNING: "Training...", Phase.PAUSED: "Paused", Phase.READY: "Ready to resume training",
+                  Phase.DONE: "Run ended: you can sample, save a checkpoint, resume or train again"}
 
 
-def format_duration(seconds: float) -> str:
-    """'1:05' (m:ss) or '1:02:03' (h:mm:ss)."""
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-def format_seconds(seconds: float) -> str:
-    """'0.15 s' (two significant digits) under a minute, else '1:22 min' or '1:02:03'."""
-    if seconds < 60:
-        return f"{float(f'{seconds:.2g}'):g} s"
-    return format_duration(seconds) + (" min" if seconds < 3600 else "")
-
-
-def run_summary(steps: int, seconds: float) -> str:
-    """'1,000 steps in 0.15 s (6,700 steps/s)'."""
-    return f"{steps:,} steps in {format_seconds(seconds)} ({format_rate(steps / seconds)} steps/s)"
+def train_label(choice: TrainChoice, phase: Phase, num_steps: int) -> str:
+    if choice == TrainChoice.WAIT:
+        return "Opening..." if phase == Phase.OPENING else "Stopping..."
+    return {TrainChoice.PAUSE: "Pause", TrainChoice.RESUME: "Resume", TrainChoice.NEW: "Train",
+            TrainChoice.CONTINUE: f"Continue to {num_steps:,} steps"}[choice]
 
 
 def mirror(button, action: QAction) -> None:
@@ -70,276 +60,317 @@ def mirror(button, action: QAction) -> None:
     follow()
 
 
-class RunControl:
-    """Run menu, runs and worker reports, for MainWindow."""
+@dataclass
+class RunWidgets:
+    config_panel: ConfigPanel
+    train_button: QPushButton
+    stop_button: QPushButton
+    reset_button: QPushButton
+    progress_bar: QProgressBar
+    loss_plot: LossPlot
+    sample_panel: SamplePanel
 
-    def _init_run_control(self) -> None:
-        self._after_ending = None   # what to do once every ended run's worker has finished
-        self._closing = False
-        self._rate: float | None = None
-        self._rate_mark: tuple[float, int] | None = None
+
+@dataclass
+class Notifier:
+    """How a controller tells the user: a message box and a status-bar line."""
+
+    show_message: Callable[..., None]        # (kind, title, text, details="", status="")
+    status: Callable[[str, int], None]       # (text, milliseconds; 0: until replaced)
+
+
+class RunController(QObject):
+    def __init__(self, host: QMainWindow, run: RunModel, sessions: Sessions, widgets: RunWidgets,
+                 notify: Notifier, dataset: Callable[[], tuple[engine.Corpus | None, DatasetIdentity | None]],
+                 ask_save_path: Callable[[], str]):
+        super().__init__(host)
+        self.run, self.sessions, self.w, self.notify = run, sessions, widgets, notify
+        self._dataset = dataset  # () -> the open corpus and its identity
+        self.listeners: list[Callable[[rs.Event], None]] = []  # every worker event, after the model's
+        self.on_discard: list[Callable[[], None]] = []  # the run is being cleared (Reset, a new run)
+        self.guard = SaveGuard(host, run, self.send, ask_save_path)
+        self.autosaver = Autosaver(self, run, lambda: self.session.worker if self.session else None)
+        self._after_ending: Callable | None = None  # what to do once every ended worker has finished
+        self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
+        self.reading_problem: Callable[[], str] = lambda: ""
         self._warned = False        # engine.loss_warning shown for this run
-        self._checkpoint_read = None  # the latest Load checkpoint, until it reports
-        self._stopping_timer = QTimer(self, interval=STOPPING_REFRESH_MS)
-        self._stopping_timer.timeout.connect(self._update_progress_text)
-        self._exit_timer = QTimer(self, singleShot=True)
-        self._exit_timer.timeout.connect(self._give_up_waiting)
-        self.sessions.allEnded.connect(self._on_sessions_ended)
+        self.progress = ProgressView(self, widgets.progress_bar, run, sessions)
+        sessions.allEnded.connect(self._on_sessions_ended)
+        run.subscribe(self._on_model)
+        widgets.loss_plot.redrawn.connect(self._on_redrawn)
+        widgets.config_panel.changed.connect(self.update_actions)
+        self._host = host
 
-    def _build_run_menu(self) -> None:
-        menu = self.menuBar().addMenu("&Run")
+    def build_menu(self) -> None:
+        host = self._host
+        menu = host.menuBar().addMenu("&Run")
 
         def action(text, slot, keys, name, tip):
-            act = QAction(text, self, objectName=name, shortcut=QKeySequence(keys), toolTip=tip)
+            act = QAction(text, host, objectName=name, shortcut=QKeySequence(keys), toolTip=tip)
             act.triggered.connect(lambda checked=False: slot())
             menu.addAction(act)
-            self.addAction(act)  # the window's: the key works wherever the focus is
+            host.addAction(act)  # the window's: the key works wherever the focus is
             return act
 
+        w = self.w
         self.train_action = action("&Train", self.train_or_pause, "F5", "trainAction",
-                                   "Start, pause or resume training (F5)")
+                                   "Start, pause, resume or continue training (F5)")
         self.stop_action = action("&Stop", self.stop, "Shift+F5", "stopAction",
-                                  "Stop the run (Shift+F5); you can still sample and save")
+                                  "Stop training (Shift+F5); the run stays: sample, save or resume it")
         self.reset_action = action("&Reset", self.reset, "Ctrl+R", "resetAction",
                                    "Forget the run and clear the plot (Ctrl+R)")
         menu.addSeparator()
-        self.sample_action = action("Sa&mple", self.sample_panel.request, "Ctrl+G", "sampleAction",
+        self.sample_action = action("Sa&mple", w.sample_panel.request, "Ctrl+G", "sampleAction",
                                     "Generate names from the current parameters (Ctrl+G)")
-        for button, act in ((self.train_button, self.train_action), (self.stop_button, self.stop_action),
-                            (self.reset_button, self.reset_action),
-                            (self.sample_panel.sample_button, self.sample_action)):
+        for button, act in ((w.train_button, self.train_action), (w.stop_button, self.stop_action),
+                            (w.reset_button, self.reset_action), (w.sample_panel.sample_button, self.sample_action)):
             mirror(button, act)
             button.setToolTip(act.toolTip())
-        self.sample_panel.sampleRequested.connect(self.request_samples)
+        w.sample_panel.sampleRequested.connect(self.request_samples)
 
     @property
-    def session(self):
+    def session(self) -> Session | None:
         """The current run's Session (None with no run; ended runs are not current)."""
         return self.sessions.current
 
+    def send(self, command: rs.Command) -> bool:
+        """command to the current run's worker, if the run's phase allows it."""
+        if self.session is None or not self.run.allows(command):
+            return False
+        self.session.worker.send(command)
+        return True
+
     # actions ------------------------------------------------------------------
     def train_or_pause(self) -> None:
-        """Train starts a run; while it runs the same action pauses and resumes."""
-        if self.state == w.RUNNING:
-            self.session.worker.pause()
-        elif self.state in (w.PAUSED, w.READY):
-            self.session.worker.resume()
-        elif self.state in IDLE:
+        """Train: pause or resume this run, continue it to the Steps box's total,
+        or start a new one (after the save question)."""
+        choice, _ = self._train_choice()
+        if choice == TrainChoice.PAUSE:
+            self.send(rs.Pause())
+        elif choice == TrainChoice.RESUME:
+            self.send(rs.Resume())
+        elif choice == TrainChoice.CONTINUE:
+            self.continue_to(self.w.config_panel.train_config().num_steps)
+        elif choice == TrainChoice.NEW:
             self.start_run()
 
-    def start_run(self) -> bool:
-        """Start a run with the current settings (once a previous run has ended)."""
-        problem = self._train_problem()
-        if problem:
-            self.show_message("warning", "Cannot train", problem)
+    def continue_to(self, num_steps: int) -> bool:
+        """Extend the run to num_steps (its decay recomputed over them) and resume it."""
+        if not self.send(rs.Extend(num_steps)):
             return False
-        cp = self.config_panel
-        self._start_session(w.RunSpec(cp.backend_name(), self.corpus, cp.model_config(), cp.train_config()))
+        self.session.worker.send(rs.Resume())  # the model is finished until Extended: the worker decides
+        return True
+
+    def start_run(self) -> bool:
+        """A new run with the current settings (once the previous one has ended, and
+        after the save question); False (with a message) when it cannot start."""
+        problem = self.train_problem()
+        if problem:
+            self.notify.show_message("warning", "Cannot train", problem)
+            return False
+        cp = self.w.config_panel
+        corpus, identity = self._dataset()
+        spec = rs.RunSpec(cp.backend_name(), corpus, cp.model_config(), cp.train_config())
+        self.guard.confirm("Training a new run", lambda: self.open_run(spec, identity, None))
         return True
 
     def stop(self) -> None:
-        if self.session is not None:
-            self.session.worker.stop()
+        self.send(rs.Stop())
 
     def reset(self) -> None:
-        """Forget the run: its worker ends (requests it still has queued are dropped,
-        a checkpoint being read is not loaded) and the display is cleared."""
-        self._checkpoint_read = None
-        self._clear_run()
-        self._end_run(then=None, serve_saves=False)
+        """Forget the run (after the save question): its worker ends (requests it still
+        has queued are dropped) and the display is cleared."""
+        self.guard.confirm("Reset", self.discard)
+
+    def discard(self) -> None:
+        self.clear_run()
+        self.end_run(then=None, serve_saves=False)
 
     def request_samples(self, num_samples: int, temperature: float, seed: int,
                         max_length: int | None = None) -> None:
-        if self.session is None or self.state not in w.HAS_MODEL:
-            self.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
-            return
-        self.session.worker.request_samples(num_samples, temperature, seed, max_length=max_length)
+        """The Samples panel's names; max_length None: the backend's default."""
+        if not self.send(rs.Sample(num_samples, temperature, seed, max_length=max_length)):
+            self.notify.show_message("info", "Nothing to sample from", "Train a model or load a checkpoint first.")
 
-    def _train_problem(self) -> str:
-        if self.state == STOPPING:
+    def train_problem(self) -> str:
+        if self.run.phase == Phase.STOPPING:
             waiting = self.sessions.waiting_for()
             return "waiting for the previous run to stop" + (f" ({waiting})" if waiting else "")
-        if self.corpus is None:
-            return ("reading the dataset..." if self.reading_dataset
-                    else "open a dataset first (File > Open dataset...)")
-        return self.config_panel.problem()
+        if self._dataset()[0] is None:
+            return self.reading_problem() or "open a dataset first (File > Open dataset...)"
+        return self.w.config_panel.problem()
+
+    def _train_choice(self) -> tuple[TrainChoice, int]:
+        cp = self.w.config_panel
+        try:
+            model, train = cp.model_config(), cp.train_config()
+        except ValueError:
+            model = train = None
+        choice = self.run.train_choice(cp.backend_name(), model, train)
+        return choice, train.num_steps if train is not None else 0
 
     # sessions -------------------------------------------------------------------
-    def _start_session(self, spec: w.RunSpec) -> None:
+    def open_run(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
         """End the current run, then open spec's once its worker has finished."""
-        self._clear_run()
-        self._end_run(then=lambda: self._open_session(spec))
+        self.clear_run()
+        self.end_run(then=lambda: self._open_session(spec, dataset, path))
 
-    def _open_session(self, spec: w.RunSpec) -> None:
+    def _open_session(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
         session = self.sessions.start(spec)
-        reports = session.reports  # on the GUI thread, and silent once the session has ended
-        reports.opened.connect(self._on_opened)
-        reports.losses.connect(self._on_losses)
-        reports.samples.connect(self._on_samples)
-        reports.saved.connect(self._on_saved)
-        reports.stateChanged.connect(self._on_state)
-        reports.status.connect(self._on_status)
-        reports.error.connect(self._on_error)
-        self._explore_session_started(session)
-        self._warned = False
-        self._set_state(w.OPENING)
+        session.reports.event.connect(self._on_event)  # on the GUI thread; silent once ended
+        self._opening, self._warned = (dataset, path), False
+        self.progress.opening()
+        self.run.apply(rs.Open(spec))
         session.start()
 
-    def _end_run(self, then=None, serve_saves: bool = True) -> None:
+    def end_run(self, then=None, serve_saves: bool = True) -> None:
         """Ask the current run's worker to end; `then()` runs once every ended worker has
         finished (replacing what was waiting: a request superseded is dropped)."""
         self.sessions.end_current(serve_saves)
         self._after_ending = then
-        if self.sessions.busy_ending:
-            self._set_state(STOPPING)
-            return
-        self._after_ending = None
-        self._set_state("none")
-        if then is not None:
-            then()
+        self.run.apply(rs.End())
+        if not self.sessions.busy_ending:
+            self._on_sessions_ended()
 
     def _on_sessions_ended(self) -> None:
-        if self._closing:
-            self.close()
-            return
         then, self._after_ending = self._after_ending, None
-        if self.state == STOPPING:
-            self._set_state("none")
+        if self.run.phase == Phase.STOPPING:
+            self.run.apply(rs.Closed())
         if then is not None:
             then()
 
-    def _clear_run(self) -> None:
-        self._explore_cleared()
-        self.run_info = None
-        self.loss_plot.clear()
-        self.sample_panel.clear()
-        self._show_dataset_info()
-        self._reset_progress()
-        self._update_status()
+    def clear_run(self) -> None:
+        for forget in self.on_discard:
+            forget()
+        w = self.w
+        w.loss_plot.clear()
+        w.sample_panel.clear()
+        self.progress.reset()
 
-    # closing ----------------------------------------------------------------------
-    def closeEvent(self, event) -> None:
-        if not self._closing:
-            self._closing = True
-            self.save_settings()
-            self._explore_close()
-            self._checkpoint_read = self._dataset_read = None
-            self._end_run()
-        if self.sessions.busy_ending:  # hide now, close when the worker has finished
-            event.ignore()
-            self.hide()
-            if not self._exit_timer.isActive():
-                self._exit_timer.start(int(1000 * sessions.END_BOUND_S))
+    # the worker's events --------------------------------------------------------
+    def _on_event(self, event: rs.Event) -> None:
+        handler = self._HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+        for listener in self.listeners:
+            listener(event)
+
+    def _on_opened(self, event: rs.Opened) -> None:
+        info, (dataset, path) = event.info, self._opening
+        w = self.w
+        w.config_panel.set_configs(info.model, info.train)
+        w.config_panel.select_backend(info.backend)
+        w.loss_plot.set_vocab_size(info.vocab_size)
+        w.loss_plot.follow_run(info.train.num_steps)
+        w.progress_bar.setRange(0, info.train.num_steps)
+        w.progress_bar.setValue(info.step)
+        w.sample_panel.set_block_size(info.model.block_size)  # no name is longer than the model's context
+        self.run.opened(event, dataset, path)
+
+    def _on_losses(self, event: rs.Losses) -> None:
+        self.w.loss_plot.append(event.losses, event.first_step)  # progress and status follow its redraw
+        step = event.first_step + len(event.losses)
+        self.run.trained_to(step)
+        self.progress.trained_to(step, self.run.phase == Phase.RUNNING)
+
+    def _on_samples(self, event: rs.Samples) -> None:
+        if event.prefix is None:
+            self.w.sample_panel.show_samples(event.names, event.step)
+
+    def _on_saved(self, event: rs.Saved) -> None:
+        if event.autosave:
+            self.autosaver.on_saved()
+            self.notify.status(f"Autosaved to {event.path}", 10000)
             return
-        self._exit_timer.stop()
-        super().closeEvent(event)
-        self.closed.emit()
+        self.run.saved(event.path, event.step)
+        self.notify.status(f"Checkpoint saved to {event.path}", 10000)
+        self.guard.on_saved(event.path)
 
-    def _give_up_waiting(self) -> None:
-        if self.sessions.busy_ending:
-            self.exit_hook(f"the training thread is still busy ({self.sessions.waiting_for() or 'ending'}) "
-                           f"{sessions.END_BOUND_S:g} s after the window was closed; exiting without waiting for it")
+    def _on_extended(self, event: rs.Extended) -> None:
+        self.run.extended(event.num_steps)
+        self.w.progress_bar.setMaximum(event.num_steps)
+        self.w.loss_plot.follow_run(event.num_steps)
 
-    # worker reports -----------------------------------------------------------
-    def _on_opened(self, info: w.RunInfo) -> None:
-        self.run_info = info
-        self.config_panel.set_configs(info.model, info.train)
-        self.config_panel.select_backend(info.backend)
-        self.loss_plot.set_vocab_size(info.vocab_size)
-        self.loss_plot.follow_run(info.train.num_steps)
-        from_checkpoint = self.session.worker.spec.checkpoint is not None
-        self._show_dataset_info(info if from_checkpoint else None)
-        self.progress_bar.setRange(0, info.train.num_steps)
-        self.progress_bar.setValue(info.step)
-        self._update_status()
-        self._explore_opened(info, from_checkpoint)
+    def _on_status(self, event: rs.Status) -> None:
+        self.notify.status(event.text, 10000)
+        if self.run.phase == Phase.OPENING:
+            self.progress.update_text()
 
-    def _on_losses(self, losses: np.ndarray, first_step: int, seconds: float) -> None:
-        self.loss_plot.append(losses, first_step)  # progress and status follow its redraw
-        self._explore_losses(losses, first_step, seconds)
-        step, now = first_step + len(losses), time.monotonic()
-        if self._rate_mark is not None and now > self._rate_mark[0] and step > self._rate_mark[1]:
-            rate = (step - self._rate_mark[1]) / (now - self._rate_mark[0])
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
-        if self.state == w.RUNNING:
-            self._rate_mark = (now, step)
+    def _on_error(self, event: rs.Error) -> None:
+        self.guard.on_error()
+        self.notify.show_message("error", "microgpt-gui", event.message, event.details)
+
+    def _on_phase(self, event: rs.PhaseChanged) -> None:
+        self.run.report(event.phase)
+
+    _HANDLERS = {rs.Opened: _on_opened, rs.Losses: _on_losses, rs.Samples: _on_samples, rs.Saved: _on_saved,
+                 rs.Extended: _on_extended, rs.Status: _on_status, rs.Error: _on_error,
+                 rs.PhaseChanged: _on_phase}
+
+    # the model's changes --------------------------------------------------------
+    def _on_model(self, run: RunModel, what: str) -> None:
+        if what == "phase":
+            self._on_phase_changed(run.phase)
+        elif what == "run" and run.phase == Phase.OPENING:
+            self.autosaver.restart(f"{preset_name(run.model)}-{run.backend}" if run.model else run.backend)
+        if what != "step":
+            self.update_actions()
+
+    def _on_phase_changed(self, phase: Phase) -> None:
+        w = self.w
+        if phase != Phase.RUNNING:
+            w.loss_plot.flush()
+        summarize = phase == Phase.DONE and self.progress.mark is not None  # it trained here
+        self.progress.phase_changed(phase)
+        if phase == Phase.STOPPING:
+            waiting = self.sessions.waiting_for()
+            self.notify.status("Stopping the run" + (f": waiting for the worker ({waiting})..."
+                                                     if waiting else "..."), 0)
+        if phase in STATE_MESSAGES:
+            message = STATE_MESSAGES[phase]
+            if summarize:
+                message = f"{self._run_summary()}. {message}"
+            self.notify.status(message, 0 if phase != Phase.RUNNING else 5000)
+        elif phase == Phase.NONE:
+            self.notify.status("", 0)
+
+    def _run_summary(self) -> str:
+        worker, opened_at = self.session.worker, self.run.saved_step if self.run.from_checkpoint else 0
+        steps = worker.step - opened_at
+        return run_summary(steps, worker.train_seconds) if steps and worker.train_seconds > 0 else "Stopped"
 
     def _on_redrawn(self) -> None:
-        if self.run_info is not None and self.state not in (w.OPENING, STOPPING):
-            self.progress_bar.setValue(self.loss_plot.series.n)
-            self._update_progress_text()
+        if self.run.train is not None and self.run.phase not in (Phase.OPENING, Phase.STOPPING):
+            self.w.progress_bar.setValue(self.w.loss_plot.series.n)
+            self.progress.update_text()
             self._warn_if_diverging()
-        self._update_status()
 
     def _warn_if_diverging(self) -> None:
         """engine.loss_warning once per run: a finite loss far above ln(V) is a warning, not an error."""
-        s = self.loss_plot.series
-        if self._warned or not s.n:
+        s = self.w.loss_plot.series
+        if self._warned or not s.n or self._dataset_vocab() is None:
             return
-        text = engine.loss_warning(s.y[: s.n], self.run_info.vocab_size)
+        text = engine.loss_warning(s.y[: s.n], self._dataset_vocab())
         if text:
             self._warned = True
-            self.show_message("warning", "The run is diverging", text[0].upper() + text[1:])
+            self.notify.show_message("warning", "The run is diverging", text[0].upper() + text[1:])
 
-    def _on_samples(self, names: list, step: int) -> None:
-        self.sample_panel.show_samples(names, step)
+    def _dataset_vocab(self) -> int | None:
+        dataset = self.run.dataset or self._dataset()[1]
+        return dataset.vocab_size if dataset is not None else None
 
-    def _on_saved(self, path: str) -> None:
-        self.statusBar().showMessage(f"Checkpoint saved to {path}", 10000)
-
-    def _on_status(self, text: str) -> None:
-        self.statusBar().showMessage(text, 10000)
-        if self.state == w.OPENING:
-            self.progress_bar.setRange(0, 0)
-            self.progress_bar.setFormat(text)
-
-    def _on_error(self, message: str, details: str) -> None:
-        self.show_message("error", "microgpt-gui", message, details)
-
-    def _on_state(self, state: str) -> None:
-        if state != w.CLOSED:
-            self._set_state(state)
-
-    def _set_state(self, state: str) -> None:
-        before, self.state = self.state, state
-        if state != w.RUNNING:
-            self.loss_plot.flush()
-        if state == w.RUNNING:
-            self._rate_mark = (time.monotonic(), self.progress_bar.value())
-        if state == w.FAILED:
-            self._reset_progress()
-        if state == STOPPING:
-            self._reset_progress()  # an empty bar with "stopping… (waiting for: ...)" as its text
-            self._stopping_timer.start()
-            waiting = self.sessions.waiting_for()
-            self.statusBar().showMessage("Stopping the run" + (f": waiting for the worker ({waiting})..."
-                                                               if waiting else "..."))
-        elif before == STOPPING:
-            self._stopping_timer.stop()
-            self._reset_progress()
-            self.statusBar().clearMessage()
-        self._update_progress_text()
-        self._update_controls()
-        if state in STATE_MESSAGES:
-            message = STATE_MESSAGES[state]
-            if state == w.DONE and before in ACTIVE:
-                message = f"{self._run_summary()}. {message}"
-            self.statusBar().showMessage(message, 0 if state != w.RUNNING else 5000)
-        self._explore_state(state)
-        self.stateChanged.emit(state)
-
-    def _run_summary(self) -> str:
-        worker, info = self.session.worker, self.run_info
-        steps = worker.step - (info.step if info else 0)
-        return run_summary(steps, worker.train_seconds) if steps and worker.train_seconds > 0 else "Stopped"
-
-    def _update_run_actions(self, state: str, problem: str) -> None:
-        self.train_action.setText("&" + TRAIN_LABELS.get(state, "Train"))
-        can_start = state in IDLE and not problem
-        self.train_action.setEnabled(state in (w.RUNNING, w.PAUSED, w.READY) or can_start)
-        self.train_button.setToolTip(problem if state in IDLE + (STOPPING,) and problem
-                                     else self.train_action.toolTip())
-        self.stop_action.setEnabled(state in ACTIVE)
-        self.reset_action.setEnabled(self.session is not None or self.loss_plot.series.n > 0
+    # display ----------------------------------------------------------------------
+    def update_actions(self, *_) -> None:
+        phase, problem = self.run.phase, self.train_problem()
+        choice, num_steps = self._train_choice()
+        self.train_action.setText("&" + train_label(choice, phase, num_steps))
+        enabled = choice in (TrainChoice.PAUSE, TrainChoice.RESUME, TrainChoice.CONTINUE) or (
+            choice == TrainChoice.NEW and not problem)
+        self.train_action.setEnabled(enabled)
+        self.w.train_button.setToolTip(problem if choice in (TrainChoice.NEW, TrainChoice.WAIT) and problem
+                                       else self.train_action.toolTip())
+        self.stop_action.setEnabled(phase in ACTIVE)
+        self.reset_action.setEnabled(self.session is not None or self.w.loss_plot.series.n > 0
                                      or self._after_ending is not None)
-        self.sample_action.setEnabled(state in w.HAS_MODEL)
+        self.sample_action.setEnabled(self.run.has_model)
+        self.w.config_panel.set_editable(phase in EDITABLE)

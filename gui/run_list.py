@@ -1,12 +1,18 @@
 """The run list and overlay: every run of the session in a table (preset,
-backend, learning rate, steps, final smoothed loss, ms/step); ticking runs
-overlays their smoothed loss curves in distinct colours with a legend, as
-TensorBoard's run selector does. The x axis is the step or the wall-clock
-training time, so backends can be compared by time.
+backend, learning rate, steps, final smoothed loss, ms/step, dataset);
+ticking runs overlays their smoothed loss curves in distinct colours with a
+legend, as TensorBoard's run selector does. The x axis is the step or the
+wall-clock training time, so backends can be compared by time. Runs trained
+on another dataset than the reference (the current run's, or the open one)
+are marked: their rows greyed, their curves dashed, "other dataset" in the
+legend, since their losses are not comparable.
 
 Runs are engine.runs.RunRecord objects that the window fills as losses come
 in; smoothing is the loss plot's, kept incrementally in a GrowingSeries per
-run.
+ticked run. What a run costs stays bounded: an ended run's record is
+compacted (engine.runs.MAX_POINTS), at most MAX_CHECKED runs are ticked (a
+new run unticks the oldest), an unticked run keeps no curve or series, and
+runs can be removed (Remove, or the Delete key).
 """
 from __future__ import annotations
 
@@ -15,19 +21,21 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QIcon, QPixmap
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QSplitter,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtGui import QColor, QFont, QIcon, QKeySequence, QPixmap, QShortcut
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
+                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
-from .loss_series import GrowingSeries, Resmoother
+from .loss_series import GrowingSeries, Resmoother, ema
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
            (120, 120, 120), (148, 103, 189), (140, 86, 75), (188, 189, 34)]
-COLUMNS = ["Run", "Preset", "Backend", "LR", "Steps", "Smoothed loss", "ms/step", "Status"]
+COLUMNS = ["Run", "Preset", "Backend", "LR", "Steps", "Smoothed loss", "ms/step", "Dataset", "Status"]
+MAX_CHECKED = 8  # a new run unticks the oldest ticked one past this
+OTHER_DATASET = "other dataset"
 STEP, SECONDS = "step", "seconds"
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
 TABLE_ROWS = 6  # runs in view before the table scrolls
@@ -53,6 +61,8 @@ class RunListPanel(QWidget):
         self._resmoother.done.connect(self._redraw_all)
         self._dirty: set[int] = set()
         self._next_color = 0
+        self.count = 0  # runs ever added (names stay unique when runs are removed)
+        self.reference_hash = ""  # the dataset runs are compared on ("" : none yet)
 
         self.table = QTableWidget(0, len(COLUMNS), objectName="runList")
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -74,11 +84,17 @@ class RunListPanel(QWidget):
         self.legend = item.addLegend(offset=(-10, 10))
         self.curves: dict[int, pg.PlotDataItem] = {}  # id(record) -> its curve while ticked
         self.info = QLabel(" ", objectName="runListInfo", wordWrap=True)
+        self.remove_button = QPushButton("&Remove", objectName="removeRunsButton")
+        self.remove_button.setToolTip("Remove the selected runs from the list and the overlay (Delete)")
+        self.remove_button.clicked.connect(self.remove_selected)
+        delete = QShortcut(QKeySequence.Delete, self.table, context=Qt.WidgetShortcut)
+        delete.activated.connect(self.remove_selected)
 
         controls = QHBoxLayout()
         controls.addWidget(buddy("&X axis", self.x_axis_combo))
         controls.addWidget(self.x_axis_combo)
         controls.addStretch(1)
+        controls.addWidget(self.remove_button)
         bottom = QWidget()
         bottom_layout = QVBoxLayout(bottom)
         bottom_layout.setContentsMargins(0, 0, 0, 0)
@@ -102,6 +118,10 @@ class RunListPanel(QWidget):
 
     # runs -------------------------------------------------------------------
     def add_run(self, record: RunRecord, checked: bool = True) -> None:
+        self.count += 1
+        if checked:  # keep the overlay (and its cost) bounded: the oldest ticked run goes off it
+            for old in self.checked_runs()[: max(0, len(self.checked_runs()) - MAX_CHECKED + 1)]:
+                self.set_checked(old, False)
         self.runs.append(record)
         self._colors[id(record)] = PALETTE[self._next_color % len(PALETTE)]
         self._next_color += 1
@@ -119,6 +139,44 @@ class RunListPanel(QWidget):
         self._fill_row(row)
         self._draw(record)
         self.checkedChanged.emit()
+
+    def remove_runs(self, records: list[RunRecord]) -> None:
+        """Take runs off the list and the overlay (what they held goes with them)."""
+        for record in records:
+            if not any(r is record for r in self.runs):
+                continue
+            row = self._row(record)
+            self._undraw(record)
+            self.table.removeRow(row)
+            del self.runs[row]
+            for table in (self._colors, self._series):
+                table.pop(id(record), None)
+            self._dirty.discard(id(record))
+        self._show_info()
+        self.checkedChanged.emit()
+
+    def remove_selected(self) -> None:
+        rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
+        self.remove_runs([self.runs[row] for row in rows])
+
+    def run_ended(self, record: RunRecord) -> None:
+        """A run that will not grow again: its record compacted, its series rebuilt from that."""
+        if any(r is record for r in self.runs):
+            record.compact()
+            self._series.pop(id(record), None)  # now, not at the next redraw: its memory goes
+            self._fill_row(self._row(record))
+            self._draw(record)
+
+    def set_reference_dataset(self, content_hash: str) -> None:
+        """Runs on other datasets than this one are marked as not comparable."""
+        if content_hash != self.reference_hash:
+            self.reference_hash = content_hash
+            for record in self.runs:
+                self._undraw(record)  # the curves' style and legend change
+            self._redraw_all()
+
+    def comparable(self, record: RunRecord) -> bool:
+        return not (self.reference_hash and record.dataset_hash and record.dataset_hash != self.reference_hash)
 
     def update_run(self, record: RunRecord) -> None:
         """The record has new steps or a new status: redraw it soon (coalesced)."""
@@ -138,7 +196,16 @@ class RunListPanel(QWidget):
     def set_smoothing(self, weight: float) -> None:
         """The loss plot's smoothing weight (0 to 0.999)."""
         self.smoothing = float(weight)
-        self._resmoother.resmooth(list(self._series.values()), self.smoothing)  # then _redraw_all
+        live = []
+        for record in self.runs:
+            series = self._series.get(id(record))
+            if series is None:
+                continue
+            if record.block == 1:
+                live.append(series)
+            else:  # compacted: at most MAX_POINTS points, smoothed at once at the block's weight
+                series.set_weight(self.smoothing ** record.block)
+        self._resmoother.resmooth(live, self.smoothing)  # then _redraw_all
 
     @property
     def x_axis(self) -> str:
@@ -148,19 +215,26 @@ class RunListPanel(QWidget):
         self.x_axis_combo.setCurrentIndex(self.x_axis_combo.findData(axis))
 
     def _series_of(self, record: RunRecord) -> GrowingSeries:
-        """The record's steps and smoothed losses (the EMA of the loss plot), extended
-        by the steps it gained since the last call (rebuilt if it was rewound)."""
+        """The record's steps and smoothed losses (the EMA of the loss plot, per block
+        of a compacted record), extended by the points it gained since the last call
+        (rebuilt if it was rewound)."""
         series = self._series.get(id(record))
         if series is None:
-            series = self._series[id(record)] = GrowingSeries(self.smoothing)
-        n = record.steps
+            series = self._series[id(record)] = GrowingSeries(self.smoothing ** record.block)
+        n = len(record.losses)
         if series.n > n:
             series.truncate(n)
         if series.n < n:
-            series.extend(record.losses[series.n:n], series.n)
+            first = series.n
+            series.extend(record.losses[first:n], first)
+            if record.block != 1:
+                series.x[first:n] = record.x[first:n] + 1  # steps count from 1, as in the loss plot
         return series
 
     def smoothed(self, record: RunRecord) -> np.ndarray:
+        """The record's smoothed losses (kept in a series only while it is ticked)."""
+        if not self.is_checked(record):
+            return ema(record.losses, self.smoothing ** record.block)[0]
         series = self._series_of(record)
         return series.smooth[: series.n]
 
@@ -173,11 +247,20 @@ class RunListPanel(QWidget):
         smoothed = self.smoothed(r)
         ms = r.ms_per_step
         values = [r.name, r.preset, r.backend, f"{r.train.learning_rate:g}", f"{r.steps:,}",
-                  f"{smoothed[-1]:.4f}" if len(smoothed) else "-", "-" if math.isnan(ms) else f"{ms:.3g}", r.status]
+                  f"{smoothed[-1]:.4f}" if len(smoothed) else "-", "-" if math.isnan(ms) else f"{ms:.3g}",
+                  r.dataset or "-", r.status]
+        comparable = self.comparable(r)
+        font = QFont(self.table.font())
+        font.setItalic(not comparable)
         self.table.blockSignals(True)
         for col, text in enumerate(values):
-            self.table.item(row, col).setText(text)
+            item = self.table.item(row, col)
+            item.setText(text)
+            item.setFont(font)
+            item.setForeground(self.palette().text() if comparable else QColor(130, 130, 130))
         self.table.item(row, 0).setToolTip(f"{r.model}, {r.train}")
+        self.table.item(row, COLUMNS.index("Dataset")).setToolTip(
+            "" if comparable else "Trained on another dataset than the current run: its losses are not comparable")
         self.table.blockSignals(False)
 
     def _xy(self, record: RunRecord) -> tuple[np.ndarray, np.ndarray]:
@@ -198,8 +281,10 @@ class RunListPanel(QWidget):
         if curve is not None:  # a live run's flush: new data, same curve and legend entry
             curve.setData(x, y)
             return
-        pen = pg.mkPen(*self._colors[id(record)], width=2)
+        comparable = self.comparable(record)
+        pen = pg.mkPen(*self._colors[id(record)], width=2, style=Qt.SolidLine if comparable else Qt.DashLine)
         label = f"{record.name}: {record.preset}, {record.backend}, lr {record.train.learning_rate:g}"
+        label += "" if comparable else f" ({OTHER_DATASET}: {record.dataset})"
         curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, autoDownsampleFactor=1.0)
         curve.setClipToView(True)
         curve.setDownsampling(auto=True, method="peak")
@@ -209,6 +294,7 @@ class RunListPanel(QWidget):
         curve = self.curves.pop(id(record), None)
         if curve is not None:
             self.plot.getPlotItem().removeItem(curve)
+        self._series.pop(id(record), None)  # an unticked run keeps no series: rebuilt when ticked
 
     def _redraw_all(self, *_) -> None:
         self._set_axis_label()
@@ -254,9 +340,15 @@ class RunListPanel(QWidget):
             self.plot.getPlotItem().setLabel("bottom", TIME_AXIS, units="s")
 
     def _show_info(self) -> None:
-        untimed = [r.name for r in self.checked_runs() if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]
-        self.info.setText(f"No step times for {', '.join(untimed)} (loaded from a checkpoint): "
-                          "not on the time axis." if untimed else " ")
+        checked = self.checked_runs()
+        untimed = [r.name for r in checked if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]
+        other = [r.name for r in checked if not self.comparable(r)]
+        lines = []
+        if untimed:
+            lines.append(f"No step times for {', '.join(untimed)} (loaded from a checkpoint): not on the time axis.")
+        if other:
+            lines.append(f"{', '.join(other)} trained on another dataset (dashed): not comparable with the others.")
+        self.info.setText(" ".join(lines) or " ")
 
 
 def _swatch(color: tuple[int, int, int]) -> QIcon:

@@ -1,7 +1,7 @@
 """Runs and their endings, without ever waiting on the GUI thread.
 
 A Session is one TrainingWorker in its own QThread. Ending one only asks the
-worker to end (TrainingWorker.end); the Session stays referenced until its
+worker to end (send(End())); the Session stays referenced until its
 thread has finished, so a running QThread is never destroyed (Qt aborts the
 process when that happens). Sessions holds the current session and the ones
 still ending, and says when the last of them has finished.
@@ -20,7 +20,10 @@ import weakref
 
 from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal
 
-from .worker import RunSpec, TrainingWorker
+from engine.run_state import End, RunSpec
+
+from .background import emit_while_alive
+from .worker import TrainingWorker
 
 # While a worker or a file read computes in Python, the GUI thread waits for the GIL
 # at each of its many short Qt calls, up to one switch interval (5 ms by default)
@@ -35,27 +38,16 @@ _finishing: list["Session"] = []  # finished signal seen, QThread still ending
 
 
 class WorkerReports(QObject):
-    """The worker's signals, re-emitted on the GUI thread, until its session ends.
+    """The worker's events, re-emitted on the GUI thread, until its session ends.
 
-    The window listens here, not to the worker: these signals are emitted on the
-    GUI thread (queued from the worker's), and once the session has ended they
-    are blocked, so nothing an ended worker still had queued reaches the window."""
+    The window listens here, not to the worker: `event` is emitted on the GUI
+    thread (queued from the worker's), and once the session has ended it is
+    blocked, so nothing an ended worker still had queued reaches the window."""
 
-    opened = Signal(object)
-    losses = Signal(object, int, float)
-    samples = Signal(list, int)
-    prefixSamples = Signal(list, int)
-    snapshot = Signal(object)
-    saved = Signal(str)
-    stateChanged = Signal(str)
-    status = Signal(str)
-    error = Signal(str, str)
-    diverged = Signal(int)
+    event = Signal(object)  # an engine.run_state event
 
     def relay(self, worker: TrainingWorker) -> None:
-        for name in ("opened", "losses", "samples", "prefixSamples", "snapshot", "saved", "stateChanged",
-                     "status", "error", "diverged"):
-            getattr(worker, name).connect(getattr(self, name))  # queued: self lives on the GUI thread
+        worker.event.connect(self.event)  # queued: self lives on the GUI thread
 
 
 class Session:
@@ -81,7 +73,7 @@ class Session:
         """Ask the worker to end; returns at once (thread.finished follows). Its
         reports stop here."""
         self.reports.blockSignals(True)
-        self.worker.end(serve_saves)
+        self.worker.send(End(serve_saves))
 
     @property
     def waiting_for(self) -> str:
@@ -127,10 +119,7 @@ class Sessions(QObject):
         if session in self.ending:
             self.ending.remove(session)
             if not self.ending:
-                try:
-                    self.allEnded.emit()
-                except RuntimeError:  # the window was deleted while the worker ended
-                    pass
+                emit_while_alive(self.allEnded)  # the window may have been deleted meanwhile
 
     @property
     def busy_ending(self) -> bool:

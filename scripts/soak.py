@@ -61,6 +61,7 @@ class Soak:
         self.done_actions = 0
         self.log: list[str] = []
         self.starting = None  # a new window still reading its dataset
+        self.finishing = False  # the windows are closing: delayed actions are dropped
         self.qt_messages: Counter = Counter()
         qInstallMessageHandler(self._on_qt_message)
         self.started = time.monotonic()
@@ -87,6 +88,7 @@ class Soak:
         self.probe.pause()
         window = MainWindow(data_path=str(self.files["names"]))
         window.message_hook = None
+        window.ask_before_discarding = False  # a window-modal question would stop the actions
         window.exit_hook = self.gave_up.append
         window.resize(1180, 720)
         window.show()
@@ -163,6 +165,8 @@ class Soak:
         from PySide6.QtCore import QTimer
 
         def run():
+            if self.finishing:  # its window may be closed and deleted by now
+                return
             try:
                 fn()
             except Exception:
@@ -175,6 +179,7 @@ class Soak:
         from gui.sessions import running_sessions
 
         self.probe.label = "closing at the end"
+        self.finishing = True
         for window in list(self.windows):
             window.close()
         for fifo in self.fifos:  # release readers still waiting on a FIFO

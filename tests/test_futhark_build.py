@@ -151,6 +151,7 @@ def test_failed_futhark_compile_raises_with_the_first_error_lines_and_log(with_c
     text = log.read_text()
     assert "Unknown name" in text and "--library" in text and "[exit status 1]" in text
     assert "origin=local" in text and "futhark=0.25.9" in text
+    assert "Unknown name" in caught.value.details  # the log, for the window's "Show Details..."
     # nothing half-built is left to be mistaken for a library: only the log and the lock
     left = {p.name for p in fb.cache_root().iterdir() if not p.name.endswith(".lock")}
     assert left == {"logs"}
@@ -165,8 +166,9 @@ def test_failed_c_compile_reaches_open_backend_caller(clean_env):
                 "echo \"_microgpt_c.c:12:3: error: unknown type name 'cl_mem'\" >&2\nexit 1\n")
     corpus = Corpus.from_lines(["anna", "bob"])
     with pytest.raises(BackendError, match=r"(?s)C compiler \(clang 14.0.6, .*could not build.*"
-                                           r"unknown type name.*Full log: .*\.log.*CC selects"):
+                                           r"unknown type name.*Full log: .*\.log.*CC selects") as caught:
         open_backend("futhark-c", ModelConfig(), TrainConfig(num_steps=5), corpus)
+    assert "unknown type name 'cl_mem'" in caught.value.details  # the compiler's whole output
 
 
 # -- a build is announced -----------------------------------------------------------

@@ -63,3 +63,23 @@ def test_the_loss_csv_has_the_readmes_header_and_leaves_nothing_half_written(tmp
     with pytest.raises(OSError):
         write_loss_csv(tmp_path / "taken", np.arange(1, 3), losses[:2], smoothed[:2])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.csv", "taken"]
+
+
+def test_an_ended_run_is_compacted_to_block_means():
+    rng = np.random.default_rng(1)
+    losses = rng.random(10_001).astype(np.float32)
+    record = make()
+    record.extend(losses[:5000], 0)  # from a checkpoint: untimed
+    record.extend(losses[5000:], 5000, 5.001)
+    ms = record.ms_per_step
+    record.compact(max_points=1000)
+    block = record.block
+    assert block == 11 and len(record.losses) == 910 and record.steps == 10_001
+    np.testing.assert_allclose(record.losses[:-1], losses[:-(10_001 % block)].reshape(-1, block).mean(axis=1),
+                               rtol=1e-6)
+    assert record.losses[-1] == pytest.approx(losses[-(10_001 % block):].mean())
+    np.testing.assert_array_equal(record.x[:3], [0, block, 2 * block])
+    assert record.ms_per_step == ms == pytest.approx(1.0)
+    assert np.isnan(record.wall_seconds()[0]) and record.wall_seconds()[-1] == pytest.approx(5.001)
+    with pytest.raises(ValueError, match="compacted"):
+        record.extend([1.0], record.steps)

@@ -258,6 +258,14 @@ _FFI_BUILD = (
 )
 
 
+def _read_log(log: Path, limit: int = 200_000) -> str:
+    """The end of a build log, for an error's details (a window shows it on request)."""
+    try:
+        return log.read_text(encoding="utf-8", errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
 def _compile(this: Plan) -> None:
     target, origin, libdir = this.target, this.origin, this.libdir
     log = log_path(libdir)
@@ -271,7 +279,7 @@ def _compile(this: Plan) -> None:
                 try:
                     generate(origin.compiler, target, origin.sources, work, out)
                 except BackendError as exc:
-                    raise BackendError(f"{exc}\nFull log: {log}") from None
+                    raise BackendError(f"{exc}\nFull log: {log}", details=_read_log(log)) from None
             else:
                 for name in GENERATED_FILES:
                     shutil.copyfile(generated_dir(this.kernel_dir) / target / name, work / name)
@@ -290,10 +298,11 @@ def _compile(this: Plan) -> None:
                     raise BackendError(
                         f"the CUDA code of Futhark {origin.futhark} does not compile against this "
                         f"CUDA 13 toolkit (cuCtxCreate gained an argument); upgrade Futhark to "
-                        f"{CUDA13_FIXED_IN} or newer. Full log: {log}")
+                        f"{CUDA13_FIXED_IN} or newer. Full log: {log}", details=output)
                 raise BackendError(
                     f"the C compiler ({this.cc.name}, {this.cc.path}) could not build the Futhark {target} "
-                    f"library:\n{first_error_lines(output)}\nFull log: {log} (CC selects another compiler)")
+                    f"library:\n{first_error_lines(output)}\nFull log: {log} (CC selects another compiler)",
+                    details=output)
         for intermediate in (*work.glob("*.o"), work / f"_{module_name(target)}.c"):
             intermediate.unlink(missing_ok=True)  # CFFI's object file and its copy of the C
         shutil.copy2(log, work / "build.log")

@@ -27,8 +27,9 @@ def wait_dataset(qtbot, window):
 
 @pytest.fixture
 def make_window(qtbot):
-    """Build MainWindows that record messages instead of showing boxes, with their
-    dataset read. At the end (before pytest-qt deletes them) each is closed, and
+    """Build MainWindows that record messages instead of showing boxes and do not
+    ask to save before discarding a run, with their dataset read. At the end (before pytest-qt deletes them) each is closed (with
+no save question), and
     its close must complete: every training thread finished, no forced exit."""
     from gui import MainWindow
     from gui.sessions import running_sessions
@@ -36,7 +37,7 @@ def make_window(qtbot):
     gave_up = []
 
     def close_and_wait(window):
-        window.close()
+        window.close_without_asking()  # a test may leave a save question open
         qtbot.waitUntil(lambda: not window.sessions.busy_ending and not running_sessions(), timeout=WAIT_MS)
         assert not window.isVisible()
         assert not gave_up, gave_up
@@ -44,6 +45,7 @@ def make_window(qtbot):
     def make(data_path=None):
         window = MainWindow(data_path=data_path)
         window.message_hook = None
+        window.ask_before_discarding = False  # the save question has its own tests (test_run_lifecycle)
         window.exit_hook = gave_up.append  # never os._exit the test process
         qtbot.addWidget(window, before_close_func=close_and_wait)
         window.show()

@@ -102,6 +102,8 @@ def test_the_run_list_holds_every_run_with_its_losses_and_status(
         make_window, names_path, names_corpus, qtbot, tmp_path):
     window = make_window(names_path)
     train_to_end(qtbot, window, 200)
+    click(qtbot, window, "resetButton")  # else more Steps would continue this run (test_run_lifecycle)
+    wait_state(qtbot, window, "none")
     set_steps(window, 1_000_000)
     click(qtbot, window, "trainButton")
     qtbot.waitUntil(lambda: window.loss_plot.series.n >= 50, timeout=TIMEOUT_MS)

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QListWidget
 
 import engine
 import slow_backend
+from engine.run_state import Sample, Save
 from latency_probe import LatencyProbe
 from slow_backend import Delays, SlowBackend
 from test_window import TIMEOUT_MS, wait_state
@@ -79,6 +80,7 @@ def drive():  # inside run_gui's event loop: train, sample, close while sampling
             time.sleep(0.005)
     wait(lambda: window.corpus is not None)
     window.message_hook = None
+    window.ask_before_discarding = False  # closing with the question: test_run_lifecycle
     window.config_panel.select_backend(slow_backend.NAME)
     window.config_panel.steps_spin.setValue(1_000_000)
     window.start_run()
@@ -162,10 +164,10 @@ def test_reset_drops_requests_still_queued(make_window, names_path, slow, qtbot,
     window = make_window(names_path)
     start_slow_run(qtbot, window)
     worker = window.session.worker
-    worker.request_samples(5, 0.5, 0)
+    worker.send(Sample(5, 0.5, 0))
     wait_inside(qtbot, "sample_started")
-    worker.request_samples(5, 0.5, 1)  # queued behind the first
-    worker.request_save(str(tmp_path / "queued.npz"))
+    worker.send(Sample(5, 0.5, 1))  # queued behind the first
+    worker.send(Save(str(tmp_path / "queued.npz")))
     window.reset()
     wait_state(qtbot, window, "none")
     assert SlowBackend.calls["sample_started"] == 1  # the second request was not served

@@ -39,7 +39,7 @@ def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
         panel.add_run(r, checked=False)
     assert panel.table.rowCount() == 3 and not panel.curves
     assert [panel.table.item(1, c).text() for c in range(len(COLUMNS))] == [
-        "run 2", "s32", "numpy", "0.005", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "2", "finished"]
+        "run 2", "s32", "numpy", "0.005", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "2", "-", "finished"]
 
     with qtbot.waitSignal(panel.checkedChanged):
         panel.table.item(0, 0).setCheckState(Qt.Checked)  # as a click on the box does
@@ -88,3 +88,19 @@ def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
     x, _ = panel.curves[id(loaded)].getOriginalDataset()
     assert x is None or len(x) == 0
     assert "No step times for checkpoint" in panel.info.text()
+
+
+def test_a_compacted_run_follows_a_new_smoothing_at_the_blocks_weight(qtbot, panel):
+    live, ended = record("run 1", "tiny", 0.01, 300, 0.001, 1), record("run 2", "tiny", 0.01, 5000, 0.001, 2)
+    for r in (live, ended):
+        panel.add_run(r)
+    ended.compact(max_points=1000)  # what run_ended does at MAX_POINTS, with a small budget
+    panel.run_ended(ended)  # its series rebuilt from the block means
+    block = ended.block
+    assert block == 5 and len(ended.losses) == 1000
+    panel.set_smoothing(0.8)
+    x, y = panel.curves[id(ended)].getOriginalDataset()
+    np.testing.assert_array_equal(x, 1 + block * np.arange(1000))  # each block's first step, from 1
+    np.testing.assert_allclose(y, ema(ended.losses, 0.8 ** block)[0])  # the EMA over the steps, per block
+    np.testing.assert_allclose(panel.curves[id(live)].getOriginalDataset()[1], ema(live.losses, 0.8)[0])
+    assert panel.table.item(1, 5).text() == f"{ema(ended.losses, 0.8 ** block)[0][-1]:.4f}"

@@ -7,6 +7,7 @@ from PySide6.QtWidgets import QComboBox, QListWidget, QProgressBar, QPushButton,
 
 import engine
 from engine import backends as registry
+from engine.run_state import Samples
 
 TIMEOUT_MS = 60_000
 
@@ -98,7 +99,8 @@ def test_sampling_during_and_after_training(make_window, names_path, names_corpu
     click(qtbot, window, "trainButton")
     wait_steps(qtbot, window)
     seen = []
-    window.session.worker.samples.connect(lambda names, step: seen.append((window.state, step)))
+    window.session.worker.event.connect(
+        lambda event: isinstance(event, Samples) and seen.append((window.state, event.step)))
     click(qtbot, window, "sampleButton")
     # both reach the GUI thread as queued events, the list's first: wait for both
     qtbot.waitUntil(lambda: samples.count() == 8 and bool(seen), timeout=TIMEOUT_MS)
@@ -153,7 +155,7 @@ def test_stop_ends_the_run_early(make_window, names_path, qtbot):
     assert window.session.worker.step == step == window.loss_plot.series.n < 100_000
     assert not widget(window, QPushButton, "stopButton").isEnabled()
     assert widget(window, QProgressBar, "progressBar").value() == step
-    assert widget(window, QPushButton, "trainButton").text() == "Train"
+    assert widget(window, QPushButton, "trainButton").text() == "Resume"  # the run stays: it can go on
 
 
 def test_reset_clears_the_run(make_window, names_path, qtbot):
@@ -219,9 +221,8 @@ def test_unavailable_backend_is_disabled_with_its_reason(make_window, names_path
 
 def test_backend_failure_is_reported_and_the_window_stays_usable(make_window, names_path, qtbot, monkeypatch):
     def fail_to_open(model, train, corpus, params):
-        error = engine.BackendError("fake backend: compiling kernels failed")
-        error.log = "kernel.fut:1:1: error: a compiler log"
-        raise error
+        raise engine.BackendError("fake backend: compiling kernels failed",
+                                  details="kernel.fut:1:1: error: a compiler log")
 
     monkeypatch.setitem(registry._REGISTRY, "fake-broken", (lambda: (True, "compiles on first use"), fail_to_open))
     window = make_window(names_path)

@@ -1,0 +1,141 @@
+"""The dataset: opening one (read off the GUI thread, then, after the save
+question, it replaces the run), the packaged names.txt on first use, and the
+Dataset box, which always shows the run's own dataset: a checkpoint's,
+by name and document count, when it is not the open file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QObject, Signal
+
+import engine
+from engine.run import DatasetIdentity, Phase, RunModel
+
+from .background import BackgroundCall, run_in_background
+from .config_panel import ConfigPanel
+from .loss_plot import LossPlot
+from .run_control import RunController
+
+
+def read_corpus(path: str) -> tuple[engine.Corpus, DatasetIdentity]:
+    """The dataset, with its token arrays built (a Python loop over every document:
+    done here, off the GUI thread, not at the window's first look at it), and its identity."""
+    corpus = engine.load_corpus(path)
+    corpus.arrays  # noqa: B018  (a cached property: built once, here)
+    return corpus, DatasetIdentity.of(corpus, Path(path).name)
+
+
+def describe(dataset: DatasetIdentity) -> str:
+    return f"{dataset.name}: {dataset.num_docs:,} documents, vocabulary {dataset.vocab_size}"
+
+
+class DatasetController(QObject):
+    changed = Signal(str)  # path of the dataset now in use
+
+    def __init__(self, parent: QObject, run: RunModel, runs: RunController, config_panel: ConfigPanel,
+                 loss_plot: LossPlot, notify, ask_open_path: Callable[..., str]):
+        super().__init__(parent)
+        self.run, self.runs, self.panel, self.loss_plot = run, runs, config_panel, loss_plot
+        self.notify, self._ask_open_path = notify, ask_open_path
+        self.corpus: engine.Corpus | None = None
+        self.identity: DatasetIdentity | None = None
+        self.path: str | None = None
+        self._read: BackgroundCall | None = None  # the latest Open dataset, until it reports
+        run.subscribe(lambda model, what: self.show_info() if what in ("run", "phase") else None)
+        config_panel.changed.connect(self.show_info)
+        runs.reading_problem = lambda: "reading the dataset..." if self.reading else ""
+
+    @property
+    def reading(self) -> bool:
+        return self._read is not None
+
+    def open(self, path: str | None = None) -> bool:
+        """Start reading a dataset (off the GUI thread); True when a read started.
+        `changed` follows when it is in use, or an error message."""
+        if path is None:
+            path = self._ask_open_path("Open dataset", self.path or "", "Text files (*.txt);;All files (*)")
+            if not path:
+                return False
+        path = str(path)
+        call = self._read = run_in_background(
+            read_corpus, path, parent=self, name="read-dataset",
+            on_done=lambda result: self._on_read(call, path, *result),
+            on_failed=lambda exc: self._on_failed(call, path, exc))
+        self.panel.dataset_info.setText(f"Reading {Path(path).name}...")
+        self.runs.update_actions()
+        return True
+
+    def forget_read(self) -> None:
+        """Closing: a read still going is dropped when it reports."""
+        self._read = None
+
+    def _on_read(self, call, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
+        if call is not self._read:
+            return  # a later Open dataset superseded this one
+        self._read = None
+        self.runs.guard.confirm(f"Opening {Path(path).name}", lambda: self._use(path, corpus, identity))
+        self.show_info()
+        self.runs.update_actions()
+
+    def _use(self, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
+        self.runs.discard()  # a run belongs to its dataset
+        self.corpus, self.identity, self.path = corpus, identity, path
+        self.panel.set_dataset_path(path)
+        self.panel.set_vocab_size(corpus.vocab_size)
+        self.loss_plot.set_vocab_size(corpus.vocab_size)
+        self.show_info()
+        self.notify.status(f"Dataset {Path(path).name}: {len(corpus):,} documents", 10000)
+        self.runs.update_actions()
+        self.changed.emit(path)
+
+    def _on_failed(self, call, path: str, exc: Exception) -> None:
+        if call is not self._read:
+            return
+        self._read = None
+        message = str(exc) if isinstance(exc, engine.DatasetError) else f"cannot read {path}: {exc}"
+        self.show_info()
+        self.runs.update_actions()
+        self.notify.show_message("error", "Cannot use this dataset", message)
+
+    def checkpoint_identity(self, checkpoint, path: str) -> DatasetIdentity:
+        """A checkpoint's dataset: the open file's name when it is the same content."""
+        identity = DatasetIdentity.of(checkpoint.corpus, f"the dataset in {Path(path).name}")
+        if identity.same_content(self.identity):
+            return self.identity
+        return identity
+
+    # the Dataset box --------------------------------------------------------------
+    def show_info(self, *_) -> None:
+        if self._read is not None:
+            return  # "Reading ..." stays until it reports
+        run = self.run.dataset if self.run.phase not in (Phase.NONE, Phase.STOPPING) else None
+        if run is not None and not run.same_content(self.identity):
+            text = describe(run) + " (the run's own: not the open file"
+            text += f", {self.identity.name})" if self.identity else ")"
+        elif self.corpus is not None:
+            c = self.corpus
+            text = f"{len(c):,} documents, vocabulary {c.vocab_size} ({''.join(c.chars)} + end)"
+            try:
+                note = c.truncation_note(self.panel.model_config().block_size)
+            except ValueError:  # no valid block_size yet; the config panel says why
+                note = ""
+            text += f". Note: {note}." if note else ""
+        else:
+            text = " "
+        self.panel.dataset_info.setText(text)
+
+    # the default dataset ------------------------------------------------------------
+    def start_default(self, saved: str) -> None:
+        """The dataset used last (`saved`), else makemore's names.txt shipped with the package."""
+        if saved and Path(saved).is_file():
+            self.open(saved)
+            return
+        try:
+            self.open(str(engine.default_dataset_path()))
+        except engine.DatasetError as exc:  # a damaged installation
+            self.panel.dataset_info.setText(f"{exc}. Use Open dataset... to choose a text file.")
+            self.notify.show_message("error", "No dataset", str(exc),
+                                     status="No dataset: names.txt is damaged (see the Dataset box); "
+                                            "use File > Open dataset...")
