@@ -146,19 +146,19 @@ def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inpu
                     map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
   in (loss, {inputs, dlogits, grads, xs})
 
--- | Row o's gradient sum_t coef(o, t) * source(o)[t, :], written into acc
--- (C): four positions per pass over the row, so the row is loaded and
--- stored a quarter as often.  (Positions past T get a zero coefficient.)
--- Only loops, no maps: the multicore backend would make a parallel task
--- of every row.
+-- | Row o's gradient sum_t coef(o, t) * source(o)[t, :] (C): four
+-- positions per pass over the row, so the row is loaded and stored a
+-- quarter as often.  (Positions past T get a zero coefficient.)
+-- Sequential: it runs inside update_rows' parallel map over rows.
 #[inline]
-def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32) (acc: *[c]f32): *[c]f32 =
+def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32): *[c]f32 =
   #[unsafe]
   let term i = if i < t then (coef i, i) else (0, 0)
   let quad q j = let ((c0, i0), (c1, i1)) = (term (4 * q), term (4 * q + 1))
                  let ((c2, i2), (c3, i3)) = (term (4 * q + 2), term (4 * q + 3))
                  in c0 * x[i0, j] + c1 * x[i1, j] + c2 * x[i2, j] + c3 * x[i3, j]
-  let acc = loop acc for j < c do acc with [j] = quad 0 j
+  -- the first pass makes the row (a zeroed scratch row cost a memset per row)
+  let acc = #[sequential] tabulate c (quad 0)
   in loop acc for q < (t + 3) / 4 - 1 do
        loop acc for j < c do acc with [j] = acc[j] + quad (q + 1) j
 
@@ -182,7 +182,7 @@ def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
                              : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let row o =
     let r = first + o
-    let g = grad_row (coef o) (source o) (replicate c 0)
+    let g = grad_row (coef o) (source o)
     let (pr, mr, vr) = #[unsafe] (params[r], m[r], v[r])
     in #[sequential] unzip3 (map4 update pr g mr vr)
   let (ps, ms, vs) = unzip3 (map row (iota n))
