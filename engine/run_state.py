@@ -157,7 +157,7 @@ class Samples(Event):
 
 @dataclass(frozen=True, eq=False)
 class SnapshotReady(Event):
-    snapshot: object  # an engine.inspect.Snapshot
+    snapshot: object  # an engine.introspect.Snapshot
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The inspect panels' shared state: the newest parameter snapshot and the
-background worker that computes engine.inspect results from it.
+background worker that computes engine.introspect results from it.
 
-The window feeds snapshots (engine.inspect.Snapshot, made in the training
+The window feeds snapshots (engine.introspect.Snapshot, made in the training
 thread between chunks) with set_snapshot; each panel asks for its results
 through request() and listens to resultReady for its own key. Quick results
 (the bars, attention, the map: milliseconds) and slow ones (beam search: up

@@ -25,15 +25,20 @@ type model [l][n][d] =
 -- | What training changes: P parameters, their Adam moments and the step.
 -- A value of its own, apart from the model, so that `train` can consume it
 -- and update its buffers in place (Futhark refuses to consume fields of a
--- record whose other fields the call still reads).
-type weights [p] = {params: [p]f32, m: [p]f32, v: [p]f32, step: i64}
+-- record whose other fields the call still reads).  The buffers are held
+-- as P / C rows of C (every matrix has a multiple of C entries): the update
+-- pass is a parallel map over rows written back into the rows it read,
+-- which Futhark does in place only for arrays of rows, and a flat buffer
+-- reshaped to rows after the training loop would be copied.  The host
+-- sees the flat arrays (new_weights, get_params, get_m, get_v).
+type weights [rows][c] = {params: [rows][c]f32, m: [rows][c]f32, v: [rows][c]f32, step: i64}
 
 def finite (x: f32): bool = !(f32.isnan x || f32.isinf x)
 
--- | The flat buffer as (P / C) rows of C values (every matrix has a
+-- | A flat buffer as (P / C) rows of C values (every matrix has a
 -- multiple of C entries; new_weights checks the layout).
-def as_rows [p] (rows: i64) (c: i64) (flat: [p]f32): [rows][c]f32 =
-  matrix flat 0 rows c
+def as_rows [p] (c: i64) (flat: [p]f32): [p / c][c]f32 =
+  unflatten (flat :> [(p / c) * c]f32)
 
 -- | Where training step `step` reads: document step % D, its first
 -- T = min(block_size, length - 1) positions, no padding.  The inputs are
@@ -110,18 +115,16 @@ def adam_at (a: adam) (step: i64) (ok: bool): update =
 -- weights keep the parameters from before it.  The steps update the
 -- weights' buffers in place (update_all): the weights passed in are
 -- consumed.
-def train_steps [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [p]) (k: i64)
-                             : (weights [p], [k]f32) =
-  let c = s.dims.n_embd
-  let rows = p / c
+def train_steps [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
+                                   : (weights [rows][c], [k]f32) =
   let (params, m, v, step, losses, _) =
-    loop (params: *[p]f32, m: *[p]f32, v: *[p]f32, step, losses: *[k]f32, i) =
+    loop (params: *[rows][c]f32, m: *[rows][c]f32, v: *[rows][c]f32, step, losses: *[k]f32, i) =
          (params, m, v, step, replicate k f32.nan, 0)
     while i < k do
       let (start, t) = window s step
-      let (loss, sources) = step_sources s (as_rows rows c params) (s.tokens[start:start + t] :> [t]i32)
+      let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
                                          (s.tokens[start + 1:start + 1 + t] :> [t]i32)
-      let ok = finite loss && gradient_is_finite p sources
+      let ok = finite loss && gradient_is_finite (rows * c) sources
       let (params, m, v) = update_all s.dims (adam_at s.adam step ok) sources params m v
       -- a finite loss with an overflowed gradient is reported as NaN, as NumPy does
       let reported = if ok || !(finite loss) then loss else f32.nan
@@ -146,50 +149,58 @@ entry new_model [l][n][d]
 
 -- | Weights for the model from host arrays, once the layout is checked to
 -- fit P parameters (the other entries trust it).
+def weights_of [p][l][n][d] (s: model [l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32) (step: i64)
+                             : weights [p / s.dims.n_embd][s.dims.n_embd] =
+  let c = s.dims.n_embd
+  in assert (layout_fits s.dims p s.layout) {params = as_rows c params, m = as_rows c m, v = as_rows c v, step}
+
 entry new_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
-                               (step: i64): weights [p] =
-  assert (layout_fits s.dims p s.layout) {params, m, v, step}
+                               (step: i64): weights [p / s.dims.n_embd][s.dims.n_embd] =
+  weights_of s params m v step
 
 -- | A run's first weights: params with zero moments, at step 0.
-entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32): weights [p] =
-  new_weights s params (replicate p 0) (replicate p 0) 0
+entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
+                                   : weights [p / s.dims.n_embd][s.dims.n_embd] =
+  weights_of s params (replicate p 0) (replicate p 0) 0
 
-entry train [p][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [p]) (k: i64)
-                         : (weights [p], [k]f32) =
+entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
+                               : (weights [rows][c], [k]f32) =
   -- the record's fields, bound one by one: a record passed whole counts as
   -- self-aliased where train_steps consumes its fields
   train_steps s {params, m, v, step} k
 
-entry get_params [p] (w: weights [p]): [p]f32 = w.params
-entry get_m [p] (w: weights [p]): [p]f32 = w.m
-entry get_v [p] (w: weights [p]): [p]f32 = w.v
-entry get_step [p] (w: weights [p]): i64 = w.step
+entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
+entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m
+entry get_v [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.v
+entry get_step [rows][c] (w: weights [rows][c]): i64 = w.step
 
 -- | The loss and gradient of training step `step` at the weights'
 -- parameters, from `vjp` of model.fut's `loss`: the oracle the tests hold
 -- training's own gradient to (with beta1 = 0, Adam's first moment after a
 -- step is exactly that step's gradient).
-entry grad_vjp [p][l][n][d] (s: model [l][n][d]) (w: weights [p]) (step: i64): (f32, [p]f32) =
+entry grad_vjp [rows][c][l][n][d] (s: model [l][n][d]) (w: weights [rows][c]) (step: i64)
+                                  : (f32, [rows * c]f32) =
   let (start, t) = window s step
   let inputs = s.tokens[start:start + t] :> [t]i32
   let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
-  in vjp2 (loss s.dims s.layout inputs targets) w.params 1
+  in vjp2 (loss s.dims s.layout inputs targets) (flatten w.params) 1
 
 -- | The held-out loss's parts: for H documents padded to T + 1 tokens
 -- (inputs tokens[:, :T], targets one further), each document's summed
 -- cross-entropy over its first lengths[i] positions, and that count.  A
 -- forward pass only, mapped over the documents.
-entry doc_losses [p][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [p]) (tokens: [h][t1]i32)
+entry doc_losses [rows][c][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [rows][c]) (tokens: [h][t1]i32)
                                      (lengths: [h]i64): ([h]f32, [h]i64) =
   let t = t1 - 1
+  let params = flatten w.params
   let doc row length =
-    let losses = position_losses s.dims s.layout (row[:t] :> [t]i32) (row[1:] :> [t]i32) w.params
+    let losses = position_losses s.dims s.layout (row[:t] :> [t]i32) (row[1:] :> [t]i32) params
     in f32.sum (map2 (\i x -> if i < length then x else 0) (iota t) losses)
   in (map2 doc tokens lengths, lengths)
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix, of at most max_length characters: row j holds the
 -- max_length - len(prefix) tokens drawn after the prefix, then bos to the end.
-entry sample [p][l][n][d][np] (s: model [l][n][d]) (w: weights [p]) (prefix: [np]i32) (num_samples: i64)
+entry sample [rows][c][l][n][d][np] (s: model [l][n][d]) (w: weights [rows][c]) (prefix: [np]i32) (num_samples: i64)
                               (temperature: f64) (seed: u64) (first: i64) (max_length: i64): [num_samples][]i32 =
-  sample_tokens s.dims s.layout w.params prefix num_samples temperature seed first max_length
+  sample_tokens s.dims s.layout (flatten w.params) prefix num_samples temperature seed first max_length

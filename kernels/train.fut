@@ -15,9 +15,11 @@
 --   buffers is read and written once per step.  From s256 up a step is
 --   bound by memory traffic, and on this machine one thread updating in
 --   place moves 34.6 GB/s, fresh arrays 19.5 GB/s (17.2 with two threads).
--- * Every matrix of the flat buffer has a multiple of C entries (fc2's
---   rows of 4C are four rows of C), so one pass over rows of C serves
---   every matrix.
+-- * Every matrix has a multiple of C entries (fc2's rows of 4C are four
+--   rows of C), so the buffers are held as rows of C and one pass over
+--   rows serves every matrix: a `map` over a section's rows, run in
+--   parallel by the multicore backend, whose results Futhark writes into
+--   the rows it read (update_rows).
 -- * The gradient of an activation, dY @ W, adds rows of W in place
 --   (model.fut's back_linear), W read once, contiguously.  These products
 --   and the forward pass are the parallel work of the multicore backend,
@@ -144,71 +146,74 @@ def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inpu
                     map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
   in (loss, {inputs, dlogits, grads, xs})
 
--- | Row o's gradient sum_t coef(o, t) * source(o)[t, :], written into acc
--- (C): four positions per pass over the row, so the row is loaded and
--- stored a quarter as often.  (Positions past T get a zero coefficient.)
--- Only loops, no maps: the multicore backend would make a parallel task
--- of every row.
+-- | Row o's gradient sum_t coef(o, t) * source(o)[t, :] (C): four
+-- positions per pass over the row, so the row is loaded and stored a
+-- quarter as often.  (Positions past T get a zero coefficient.)
+-- Sequential: it runs inside update_rows' parallel map over rows.
 #[inline]
-def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32) (acc: *[c]f32): *[c]f32 =
+def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32): *[c]f32 =
   #[unsafe]
   let term i = if i < t then (coef i, i) else (0, 0)
   let quad q j = let ((c0, i0), (c1, i1)) = (term (4 * q), term (4 * q + 1))
                  let ((c2, i2), (c3, i3)) = (term (4 * q + 2), term (4 * q + 3))
                  in c0 * x[i0, j] + c1 * x[i1, j] + c2 * x[i2, j] + c3 * x[i3, j]
-  let acc = loop acc for j < c do acc with [j] = quad 0 j
+  -- the first pass makes the row (a zeroed scratch row cost a memset per row)
+  let acc = #[sequential] tabulate c (quad 0)
   in loop acc for q < (t + 3) / 4 - 1 do
        loop acc for j < c do acc with [j] = acc[j] + quad (q + 1) j
 
 -- | What a pass does to one parameter: (p, g, m, v) -> (p, m, v).
 type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
 
--- | Rows first .. first + n - 1 of the flat buffers seen as rows of C:
--- row first + o gets the gradient sum_t coef(o, t) * source(o)[t, :], and
--- `update` writes the new parameters and moments in place.  `g` is a row
--- of scratch space, passed along to save an allocation per row.
+-- | Rows first .. first + n - 1 of the buffers seen as rows of C: row
+-- first + o gets the gradient sum_t coef(o, t) * source(o)[t, :], and
+-- `update` turns the row of parameters and moments into new ones.  One
+-- `map` over the rows (a parallel task per block of rows on the multicore
+-- backend), whose three results are written back into the same rows of
+-- the consumed buffers: Futhark places the map's results in those rows
+-- (memory short-circuiting), so nothing is copied or allocated but the
+-- row of gradient, and the pass reads and writes each buffer once.
+-- The gradient row comes from `coef` and `source`, so any producer of
+-- the activation gradients (one document, or a sum over several) fits.
 #[inline]
-def update_rows [p][c][t] (update: update) (first: i64) (n: i64)
-                          (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
-                          (params: *[p]f32) (m: *[p]f32) (v: *[p]f32) (g: *[c]f32)
-                          : (*[p]f32, *[p]f32, *[p]f32, *[c]f32) =
-  loop (params, m, v, g) for o < n do
-    let r = (first + o) * c
-    let g = grad_row (coef o) (source o) g
-    let (params, m, v) =
-      #[unsafe]
-      loop (params, m, v) for j < c do
-        let (pj, mj, vj) = update params[r + j] g[j] m[r + j] v[r + j]
-        in (params with [r + j] = pj, m with [r + j] = mj, v with [r + j] = vj)
-    in (params, m, v, g)
+def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
+                             (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
+                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+  let row o =
+    let r = first + o
+    let g = grad_row (coef o) (source o)
+    let (pr, mr, vr) = #[unsafe] (params[r], m[r], v[r])
+    in #[sequential] unzip3 (map4 update pr g mr vr)
+  let (ps, ms, vs) = unzip3 (map row (iota n))
+  in #[unsafe] (params with [first:first + n] = ps, m with [first:first + n] = ms,
+                v with [first:first + n] = vs)
 
 -- | Every row's gradient, computed just before `update` turns the row of
--- parameters and moments into new ones, in place: one sequential pass
--- that reads and writes each buffer once.  The rows are those of
+-- parameters and moments into new ones, in place: one pass (a parallel
+-- map per section of rows) that reads and writes each buffer once.  The rows are those of
 -- engine/params.py's layout: wte, wpe, lm_head, then 12 C per layer (wq,
 -- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_weights
 -- checked the layout.
-def update_all [p][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
-                                          (params: *[p]f32) (m: *[p]f32) (v: *[p]f32)
-                                          : (*[p]f32, *[p]f32, *[p]f32) =
+def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
+                                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+                                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
   -- wte: the positions holding each token; wpe: row o is position o's
   let embedding o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
                                 else f32.bool (i == o - vocab)
-  let (params, m, v, g) = update_rows update 0 (vocab + b) embedding (\_ -> s.xs[0]) params m v (replicate c 0)
-  let (params, m, v, g) =
-    update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v g
-  let (params, m, v, _) =
-    loop (params, m, v, scratch) = (params, m, v, g) for layer < l do
-      let g = s.grads[layer]
-      let coef o i = #[unsafe] if o < 3 * c then g.dqkv[i, o]
-                               else if o < 4 * c then g.dxmid[i, o - 3 * c]
-                               else if o < 8 * c then g.dhid[i, o - 4 * c]
-                               else g.dxout[i, (o - 8 * c) / 4]
-      let source o = #[unsafe] s.xs[2 + 7 * layer + (if o < 3 * c then 0 else if o < 4 * c then 1
-                                                 else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
-      in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) coef source params m v scratch
-  in (params, m, v)
+  let (params, m, v) = update_rows update 0 (vocab + b) embedding (\_ -> s.xs[0]) params m v
+  let (params, m, v) =
+    update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v
+  in loop (params, m, v) for layer < l do
+       let g = s.grads[layer]
+       let coef o i = #[unsafe] if o < 3 * c then g.dqkv[i, o]
+                                else if o < 4 * c then g.dxmid[i, o - 3 * c]
+                                else if o < 8 * c then g.dhid[i, o - 4 * c]
+                                else g.dxout[i, (o - 8 * c) / 4]
+       let source o = #[unsafe] s.xs[2 + 7 * layer + (if o < 3 * c then 0 else if o < 4 * c then 1
+                                                  else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
+       in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) coef source params m v
 
 -- * Adam
 

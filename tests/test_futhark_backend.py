@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from engine import (BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
+from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
                     list_backends, load_checkpoint, open_backend, param_specs)
 from engine import futhark
 from engine.backends import futhark_backend as fbk
@@ -66,6 +66,10 @@ def test_multicore_threads_by_model_size():
     assert fbk.multicore_threads(fbk.MULTICORE_MIN_PARAMS - 1, 2, environ={}) == 1
     assert fbk.multicore_threads(fbk.MULTICORE_MIN_PARAMS, 2, environ={}) == 2
     assert fbk.multicore_threads(85_000_000, 8, environ={}) == 8
+    # measured (README "Performance"): s128 is faster on one thread, s256 on two
+    names_vocab = 27
+    assert fbk.multicore_threads(PRESETS["s128"].model.num_params(names_vocab), 2, environ={}) == 1
+    assert fbk.multicore_threads(PRESETS["s256"].model.num_params(names_vocab), 2, environ={}) == 2
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: " 3 "}) == 3
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(BackendError, match=fbk.THREADS_ENV):

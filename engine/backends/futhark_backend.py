@@ -239,10 +239,10 @@ class FutharkCBackend(FutharkBackend):
 
 # Below this many parameters the multicore backend runs on one thread: from
 # tiny to s128 (0.8 million) a second thread made every step slower (Futhark's
-# scheduler costs microseconds per parallel region, and a step has hundreds),
-# at s256 (4.8 million) it was level or up to 10% slower; at gpt2-small (86
-# million) it was 1.07 to 1.25 times faster. README "Performance".
-MULTICORE_MIN_PARAMS = 10_000_000
+# scheduler costs microseconds per parallel region, and a step has hundreds).
+# From s256 (4.8 million) up, where the update pass runs on every core too,
+# two threads are faster. README "Performance".
+MULTICORE_MIN_PARAMS = 2_000_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 
