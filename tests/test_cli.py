@@ -5,7 +5,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,17 +14,10 @@ import numpy as np
 import pytest
 
 import engine
-import main
-from cli_support import run_main
+from cli_support import run_in_process as run, run_main
 from engine.backends import _REGISTRY, probe_backend
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(argv, capsys):
-    code = main.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 SMALL_DOCS = ["kate", "karl", "kai", "anna", "bob", "carla", "dave", "emma", "olivia", "ava", "sophia", "mia"]
@@ -34,6 +26,20 @@ SMALL_DOCS = ["kate", "karl", "kai", "anna", "bob", "carla", "dave", "emma", "ol
 def write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def sampled_names(out: str) -> list[str]:
+    """The names of demo's "sample  1: kamon" lines."""
+    return [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
+
+
+def tiny_trained_by_the_engine(data: Path, steps: int, seed: int):
+    """The reference for demo's output: the engine itself (numpy, tiny) trained as demo trains."""
+    preset = engine.PRESETS["tiny"].with_steps(steps)
+    backend = engine.open_backend("numpy", preset.model, replace(preset.train, seed=seed),
+                                  engine.Corpus.from_file(data))
+    backend.train(steps)
+    return backend
 
 
 # demo ------------------------------------------------------------------------
@@ -139,12 +145,9 @@ def test_demo_samples_names_with_the_prefix(tmp_path, capsys):
     code, out, err = run(["demo", "--data", str(data), "--steps", "40", "--samples", "6", "--prefix", "ka",
                           "--seed", "4"], capsys)
     assert code == 0, err
-    names = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
+    names = sampled_names(out)
     # the engine itself, trained the same way, samples these names with that prefix
-    preset = engine.PRESETS["tiny"].with_steps(40)
-    backend = engine.open_backend("numpy", preset.model, replace(preset.train, seed=4),
-                                  engine.Corpus.from_file(data))
-    backend.train(40)
+    backend = tiny_trained_by_the_engine(data, 40, seed=4)
     assert names == backend.sample(6, 0.5, 4, prefix="ka")
     assert len(names) == 6 and all(name.startswith("ka") for name in names)
 
@@ -165,17 +168,14 @@ def test_demo_max_length_cuts_the_names_as_the_engine_does(tmp_path, capsys):
     code, out, err = run(["demo", "--data", str(data), "--steps", "5", "--samples", "12", "--prefix", "k",
                           "--max-length", "3", "--temperature", "2", "--seed", "4"], capsys)
     assert code == 0, err
-    names = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
-    preset = engine.PRESETS["tiny"].with_steps(5)
-    backend = engine.open_backend("numpy", preset.model, replace(preset.train, seed=4),
-                                  engine.Corpus.from_file(data))
-    backend.train(5)
+    names = sampled_names(out)
+    backend = tiny_trained_by_the_engine(data, 5, seed=4)
     assert names == backend.sample(12, 2.0, 4, prefix="k", max_length=3)
     assert max(map(len, names)) == 3  # at temperature 2 some names reach the cap
     # without the flag: the longest document ("olivia", "sophia") plus 5
     code, out, err = run(["demo", "--data", str(data), "--steps", "5", "--samples", "40", "--temperature", "2",
                           "--seed", "4"], capsys)
-    names = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("sample ")]
+    names = sampled_names(out)
     assert code == 0 and max(map(len, names)) == 6 + 5
 
 
@@ -218,16 +218,6 @@ def test_demo_rejects_bad_data(tmp_path, capsys):
     code, _, err = run(["demo", "--data", str(empty)], capsys)
     assert code == 2 and "no documents" in err
     assert err.count("\n") == 1  # one line, no traceback
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Any attempt to open a network connection fails, as on a plane."""
-    def unreachable(*args, **kwargs):
-        raise OSError("network is unreachable")
-
-    monkeypatch.setattr(socket, "socket", unreachable)
-    monkeypatch.setattr(socket, "create_connection", unreachable)
 
 
 def test_demo_and_bench_use_the_packaged_names_with_no_network(no_network, capsys):
