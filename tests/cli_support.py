@@ -33,3 +33,9 @@ def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
     code = main.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """A dataset file: one line per document."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
