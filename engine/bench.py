@@ -151,6 +151,14 @@ def load_average() -> float | None:
         return None
 
 
+def row_load(load_before: float | None, cores: int) -> tuple[float | None, bool]:
+    """A row's load average, the larger of its start's and now's (None where there is
+    none), and whether it exceeded the core count: the row is busy."""
+    loads = [x for x in (load_before, load_average()) if x is not None]
+    load = max(loads) if loads else None
+    return load, load is not None and load > cores
+
+
 def _open(backend: str, preset, corpus: Corpus):
     """A runner for the preset: an engine backend, or the PyTorch reference."""
     if backend == TORCH:
@@ -215,15 +223,13 @@ def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Bud
             sample_ms = 1e3 * (time.perf_counter() - start)
         per_step = [1e3 * seconds / steps for steps, seconds in chunks]
         ms = statistics.median(per_step)
-        loads = [x for x in (load_before, load_average()) if x is not None]
-        load = max(loads) if loads else None
+        load, busy = row_load(load_before, cores)
         return BenchResult(backend, preset_name, "ok", params=int(runner.num_params),
                            ms_per_step=ms, ms_min=min(per_step), ms_max=max(per_step),
                            steps_per_s=1e3 / ms, peak_rss_mb=peak_rss_mb(),
                            steps=sum(s for s, _ in chunks), seconds=sum(t for _, t in chunks),
                            chunks=len(chunks), warmup=warmup, sample_names=budget.sample_names,
-                           sample_ms=sample_ms, load_avg=load, cores=cores,
-                           busy=load is not None and load > cores, batch=batch,
+                           sample_ms=sample_ms, load_avg=load, cores=cores, busy=busy, batch=batch,
                            names_per_s=1e3 * batch / ms)
     finally:
         runner.close()

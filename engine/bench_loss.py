@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .bench import BenchResult, _open, load_average, peak_rss_mb, with_batch
+from .bench import BenchResult, _open, load_average, peak_rss_mb, row_load, with_batch
 from .config import get_preset
 from .data import Corpus
 from .learning import HoldoutSchedule, evaluate_if_due
@@ -77,14 +77,13 @@ def measure_to_loss(backend: str, preset_name: str, corpus: Corpus, goal: ToLoss
             raise ValueError("the dataset holds out no documents (under 10 documents): no held-out loss")
         reached, schedule = train_to_loss(runner, goal)
         history = runner.heldout_history
-        loads = [x for x in (load_before, load_average()) if x is not None]
-        load = max(loads) if loads else None
+        load, busy = row_load(load_before, cores)
         train_s = schedule.train_seconds
         return BenchResult(
             backend, preset_name, "ok", params=int(runner.num_params), steps=runner.step,
             seconds=train_s, steps_per_s=runner.step / train_s if train_s else 0.0,
             ms_per_step=1e3 * train_s / max(runner.step, 1), peak_rss_mb=peak_rss_mb(), load_avg=load,
-            cores=cores, busy=load is not None and load > cores, batch=batch,
+            cores=cores, busy=busy, batch=batch,
             names_per_s=runner.names_seen / train_s if train_s else 0.0, target_loss=goal.target,
             reached=reached, train_s=train_s, eval_s=schedule.eval_seconds, evals=schedule.evaluations,
             names_seen=runner.names_seen, epochs=runner.epochs,

@@ -1,175 +1,41 @@
-"""The command line: the window's options, `microgpt-gui demo` and `microgpt-gui bench`.
+"""The command line: the window's options checked before Qt starts, and
+`microgpt-gui demo` and `microgpt-gui bench` run.
 
-Parsing, checking and printing only; the work is the engine's (backends,
-data) and engine.bench's, and the window is gui.app's (main.py hands it the
-checked options, so nothing here imports Qt). Every error a person can fix
-is one line on stderr and a non-zero exit status: 2 for bad arguments or
-data, 1 for what cannot run here or failed; never a usage dump or a traceback.
+Checking and printing only; the parsers are engine.cli_args's, the work is the
+engine's (backends, data) and engine.bench's, and the window is gui.app's
+(main.py hands it the checked options, so nothing here imports Qt). Every error
+a person can fix is one line on stderr and a non-zero exit status: 2 for bad
+arguments or data, 1 for what cannot run here or failed; never a usage dump or
+a traceback.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import math
 import os
-import re
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 
 from . import bench, bench_loss, bench_report
 from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
-from .config import MAX_BATCH_SIZE, MAX_NUM_STEPS, PRESETS, get_preset
 from .batches import resolve_holdout
+from .cli_args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
+from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
 from .data import DatasetError, default_dataset_path, load_corpus
 from .futhark import build as futhark_build
-from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
+from .health import loss_warning
 from .learning import HoldoutSchedule, evaluate_if_due
 from .sampling import check_max_length, check_prefix_length, check_sample_args
-from .health import loss_warning
 
-EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
-EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
 COMMANDS = ("demo", "bench")
 MAX_STEPS_PER_CALL = 100_000  # demo's train(k) calls: at most this many steps (400 KB of losses)
 NO_DISPLAY = "no display: run it on a desktop, or use `microgpt-gui demo` / `bench` headless"
 
 
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("microgpt-gui")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
-        from . import __version__
-
-        return __version__
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line, `error: --steps must be at least 1, got 0`,
-    with status 2 (argparse prints the usage first)."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"error: {one_line(message)}\n")
-
-
-def one_line(message: str) -> str:
-    """argparse's "argument -s/--steps: must be ..." as "--steps must be ..."."""
-    match = re.fullmatch(r"argument (\S+): (.*)", message, re.DOTALL)
-    if match:
-        name, detail = match.groups()
-        name = name.split("/")[-1]
-        message = f"{name} {detail}" if detail.startswith("must ") else f"{name}: {detail}"
-    return " ".join(message.split())
-
-
-# argument types: their messages follow the option's name ("--steps must be ...")
-
-def whole_number(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return whole_number(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return whole_number(text, 0)
-
-
-def step_count(text: str) -> int:
-    """A non-negative number of steps, at most TrainConfig's cap."""
-    value = whole_number(text, 0)
-    if value > MAX_NUM_STEPS:
-        raise argparse.ArgumentTypeError(f"must be at most 10^12, got {value:,}")
-    return value
-
-
-def number(text: str, positive: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise argparse.ArgumentTypeError(f"must be a {'positive' if positive else 'non-negative'} "
-                                         f"number, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    return number(text, positive=True)
-
-
-def non_negative_float(text: str) -> float:
-    return number(text, positive=False)
-
-
-def name_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("must be a comma-separated list of names")
-    return names
-
-
-def batch_size(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_BATCH_SIZE:,}, got {value:,}")
-    return value
-
-
-def batch_list(text: str) -> list[int]:
-    return [batch_size(name) for name in name_list(text)]
-
-
-def preset_name(text: str) -> str:
-    try:
-        get_preset(text)
-    except ValueError as exc:  # "unknown preset 'x'; choose from ..."
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def preset_list(text: str) -> list[str]:
-    return [preset_name(name) for name in name_list(text)]
-
-
-# the window's options --------------------------------------------------------
-
-HEADLESS_HELP = """\
-without a window:
-  microgpt-gui demo   train, then print samples in the terminal (microgpt-gui demo --help)
-  microgpt-gui bench  measure ms/step, sampling and memory per backend and preset
-                      (microgpt-gui bench --help)
-
-Exit status: 0 done; 1 cannot run here (no display, a backend that cannot
-run) or, with --quit-when-done, the run failed; 2 bad arguments."""
-
-
-def window_parser() -> OneLineParser:
-    parser = OneLineParser(
-        prog="microgpt-gui", usage="%(prog)s [options]\n       %(prog)s demo [...]\n       %(prog)s bench [...]",
-        description="Train and sample microgpt in a window.", epilog=HEADLESS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
-                        "(default: the last one used, else makemore's names.txt, shipped with microgpt-gui)")
-    parser.add_argument("--preset", type=preset_name, help=f"model preset to select at start ({', '.join(PRESETS)})")
-    parser.add_argument("--backend", help="backend to select at start (default: the last one used)")
-    parser.add_argument("--autorun-steps", type=positive_int, metavar="N",
-                        help="start training N steps as soon as the dataset is ready (automation, demos)")
-    parser.add_argument("--quit-when-done", action="store_true",
-                        help="with --autorun-steps: quit when the run ends (exit status 1 on an error)")
-    return parser
-
+# the window ------------------------------------------------------------------
 
 def has_display(environ=None, platform: str | None = None) -> bool:
     """False where Qt would abort for want of a display (it exits with a misleading
@@ -219,68 +85,7 @@ def cannot_run(backend: str, reason: str) -> str:
     return f"backend {backend} cannot run here: {reason}"
 
 
-# demo and bench ---------------------------------------------------------------
-
-def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="microgpt-gui", description="Train and sample microgpt without a window.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    demo = commands.add_parser("demo", help="train, then print samples (no window)")
-    demo.add_argument("--backend", default="numpy", help="engine backend (default numpy)")
-    demo.add_argument("--preset", type=preset_name, default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
-    demo.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
-    demo.add_argument("--samples", type=positive_int, default=10, help="names to sample (default 10)")
-    demo.add_argument("--temperature", type=positive_float, default=0.5, help="sampling temperature (default 0.5)")
-    demo.add_argument("--prefix", default="", help="sampled names start with this text (default: none)")
-    demo.add_argument("--max-length", type=positive_int, metavar="N",
-                      help="sampled names stop at N characters, prefix included (default: the longest "
-                           "document plus 5, at most the preset's block_size)")
-    demo.add_argument("--data", type=Path, help="text file, one document per line (default: makemore's names.txt)")
-    demo.add_argument("--seed", type=non_negative_int, help="seed for initialisation and sampling (default: the preset's, 42)")
-    demo.add_argument("--lr", type=positive_float, help="learning rate (default: the preset's)")
-    demo.add_argument("--init-std", type=positive_float, help="initial weight std (default: the preset's)")
-    demo.add_argument("--warmup-steps", type=step_count, metavar="N",
-                      help="raise the learning rate linearly over the first N steps "
-                           "(default: the preset's, 0 but for gpt2-small)")
-    demo.add_argument("--batch", type=batch_size, help="documents per step (default: the preset's; tiny: 1)")
-    demo.add_argument("--holdout", type=non_negative_int, help="documents held out for the held-out loss "
-                      "(default: min(1000, 10%% of the documents); 0: none)")
-
-    default = bench.Budget()
-    bench_cmd = commands.add_parser(
-        "bench", help="measure ms/step, sampling time and memory per backend and preset",
-        description="Each (backend, preset) runs in a fresh process: start-up and warm-up (not timed), "
-                    "then training steps timed for at least --steps steps and at least --seconds seconds, "
-                    "whichever takes longer, then one timed sample call. Start-up, warm-up and "
-                    "sampling add to a row's time: under a second at tiny, tens of seconds at gpt2-small.")
-    bench_cmd.add_argument("--backends", type=name_list, help="comma-separated (default: every backend, and torch)")
-    bench_cmd.add_argument("--presets", type=preset_list,
-                           help="comma-separated (default tiny,s128,gpt2-small; with --to-loss: learn)")
-    bench_cmd.add_argument("--steps", type=positive_int, default=default.steps,
-                           help=f"measure at least this many steps (default {default.steps})")
-    bench_cmd.add_argument("--seconds", type=non_negative_float, default=default.seconds,
-                           help=f"...and at least this many seconds (default {default.seconds:g}; 0: steps only)")
-    bench_cmd.add_argument("--warmup", type=non_negative_int,
-                           help=f"warm-up steps (default: at least 3 and {bench.WARMUP_S:g} s)")
-    bench_cmd.add_argument("--sample-names", type=non_negative_int, default=default.sample_names, metavar="N",
-                           help=f"time one sample call of N names after the steps (default {default.sample_names}; 0: none)")
-    bench_cmd.add_argument("--rounds", type=positive_int, default=1,
-                           help="measure each configuration this many times, taking turns; report the median run (default 1)")
-    bench_cmd.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    bench_cmd.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
-    bench_cmd.add_argument("--batch", type=batch_list, default=[1], metavar="B[,B...]",
-                           help="documents per step, comma-separated (default 1); adds names/s to each row")
-    bench_cmd.add_argument("--to-loss", type=positive_float, metavar="X",
-                           help="instead of timing steps: train each (backend, preset, batch) until the "
-                                "held-out loss is at most X, and report the training seconds")
-    bench_cmd.add_argument("--time-limit", type=positive_float,
-                           metavar="S", help="with --to-loss: stop after S seconds of training "
-                                             f"(default {bench_loss.DEFAULT_TIME_LIMIT_S:g})")
-    bench_cmd.add_argument("--run-steps", type=positive_int, metavar="N",
-                           help="with --to-loss: the run's steps, over which the learning rate decays "
-                                "(default: the preset's)")
-    return parser
-
+# demo and bench ----------------------------------------------------------------
 
 def run_cli(argv: list[str]) -> int:
     try:

@@ -20,7 +20,6 @@ from typing import Callable
 from . import bench
 from .bench import BenchResult
 from .bench_report import is_busy
-from .errors import Cancelled
 
 MeasureFn = Callable[[str, str, float, Callable[[], bool]], BenchResult]
 CSV_COLUMNS = ("backend", "preset", "params", "ms_per_step", "steps_per_s", "status", "reason", "load_avg", "busy")

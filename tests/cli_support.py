@@ -1,11 +1,14 @@
 """Running `python main.py ...` from the repository root as a new user would:
-a clean environment (no display, no Qt platform, no Futhark), a fresh home."""
+a clean environment (no display, no Qt platform, no Futhark), a fresh home;
+or main.main in this process, its output captured."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,3 +26,16 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
 def run_main(args: list[str], home: Path, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=clean_env(home, **extra),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
+    """main.main(argv) here (fast, and monkeypatches apply): (exit status, stdout, stderr)."""
+    code = main.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """A dataset file: one line per document."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

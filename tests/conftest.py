@@ -6,6 +6,7 @@ The real dataset is makemore's names.txt as the package ships it
 from __future__ import annotations
 
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,12 @@ def short_train() -> TrainConfig:
     """microgpt's hyperparameters over a short run."""
     return TrainConfig(num_steps=20)
 
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails, as on a plane."""
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(socket, "socket", unreachable)
+    monkeypatch.setattr(socket, "create_connection", unreachable)

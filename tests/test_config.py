@@ -17,6 +17,15 @@ def architecture_param_count(c: int, n_layer: int, block_size: int, vocab: int) 
     return vocab * c + block_size * c + vocab * c + n_layer * per_layer
 
 
+def assert_refused_naming(config_class, kwargs: dict, words: list[str]) -> None:
+    """config_class(**kwargs) raises a ValueError whose message holds every word."""
+    with pytest.raises(ValueError) as info:
+        config_class(**kwargs)
+    message = str(info.value)
+    for word in words:
+        assert word in message, f"{word!r} missing from {message!r}"
+
+
 # ---- invalid model configs --------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -34,11 +43,7 @@ def architecture_param_count(c: int, n_layer: int, block_size: int, vocab: int) 
     (dict(block_size=None), ["block_size", "integer"]),
 ])
 def test_invalid_model_config_raises_value_error_naming_the_field(kwargs, words):
-    with pytest.raises(ValueError) as info:
-        ModelConfig(**kwargs)
-    message = str(info.value)
-    for word in words:
-        assert word in message, f"{word!r} missing from {message!r}"
+    assert_refused_naming(ModelConfig, kwargs, words)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -65,11 +70,7 @@ def test_invalid_model_config_raises_value_error_naming_the_field(kwargs, words)
     (dict(warmup_steps=10**12 + 1), ["warmup_steps", "between 0 and 10^12", "1,000,000,000,001"]),
 ])
 def test_invalid_train_config_raises_value_error_naming_the_field(kwargs, words):
-    with pytest.raises(ValueError) as info:
-        TrainConfig(**kwargs)
-    message = str(info.value)
-    for word in words:
-        assert word in message, f"{word!r} missing from {message!r}"
+    assert_refused_naming(TrainConfig, kwargs, words)
 
 
 def test_num_steps_is_capped():

@@ -5,9 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
-import socket
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 
 from engine import Corpus, DatasetError, default_dataset_path
 import engine.data as data
+from fifo_support import fifo_refusal
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,24 +110,8 @@ def test_missing_file_and_directory_are_dataset_errors(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     """A FIFO with no writer: opening it to read would wait forever."""
-    fifo = tmp_path / "names.fifo"
-    os.mkfifo(fifo)
-    outcome = []
-
-    def load():
-        try:
-            Corpus.from_file(fifo)
-        except DatasetError as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
-    thread.join(timeout=20)
-    if thread.is_alive():  # unblock the reader before failing
-        with open(fifo, "wb"):
-            pass
-        pytest.fail("reading a FIFO blocked")
-    assert outcome and "named pipe" in str(outcome[0]) and "names.fifo" in str(outcome[0])
+    error = fifo_refusal(tmp_path / "names.fifo", Corpus.from_file, DatasetError)
+    assert "named pipe" in str(error) and "names.fifo" in str(error)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
@@ -271,12 +254,7 @@ def test_a_damaged_packaged_dataset_is_refused(tmp_path, change):
     assert str(copy) in str(info.value)
 
 
-def test_the_default_corpus_needs_no_network(monkeypatch):
-    def no_network(*args, **kwargs):
-        raise OSError("the network is unreachable")
-
-    monkeypatch.setattr(socket, "socket", no_network)
-    monkeypatch.setattr(socket, "create_connection", no_network)
+def test_the_default_corpus_needs_no_network(no_network):
     corpus = data.load_corpus(None)
     assert len(corpus) == 32033 and corpus.vocab_size == 27
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import main
 from checkpoint_support import as_format_1
+from cli_support import run_in_process as run
 from cupy_support import HostLogicBackend
 from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint
 from engine.backends import BackendError, probe_backend
@@ -140,12 +140,6 @@ def test_train_to_loss_stops_at_the_time_limit_or_the_end_of_the_run():
 
 
 # the command line -------------------------------------------------------------------
-
-def run(argv, capsys):
-    code = main.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def names_file(tmp_path, count=60):
     path = tmp_path / "names.txt"

@@ -13,7 +13,7 @@ import pytest
 import engine
 import main
 from cli_support import run_main
-from engine import cli
+from engine import cli, cli_args
 from engine.backends import probe_backend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def test_version_falls_back_to_the_engines_without_package_metadata(monkeypatch)
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    assert cli.package_version() == engine.__version__
+    assert cli_args.package_version() == engine.__version__
 
 
 def test_qt_that_cannot_load_is_one_line(tmp_path, monkeypatch, capsys, names_path):

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from PySide6.QtWidgets import QMessageBox, QPushButton
+from PySide6.QtWidgets import QMessageBox
 
 import engine
 import slow_backend

@@ -306,16 +306,9 @@ def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path
     assert window.statusBar().currentMessage() == f"Plot exported to {png}"  # a PNG export confirms too
 
 
-def test_a_first_start_opens_the_packaged_names_with_no_network(make_window, monkeypatch):
-    import socket
-
+def test_a_first_start_opens_the_packaged_names_with_no_network(make_window, no_network):
     from engine import data
 
-    def unreachable(*args, **kwargs):
-        raise OSError("network is unreachable")
-
-    monkeypatch.setattr(socket, "socket", unreachable)
-    monkeypatch.setattr(socket, "create_connection", unreachable)
     window = make_window(None)  # no --data and no dataset in the settings
     assert window.dataset_path == str(data.DEFAULT_DATASET_PATH) and not window.messages
     assert len(window.corpus) == 32033 and window.corpus.vocab_size == 27
