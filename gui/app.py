@@ -8,6 +8,7 @@ import sys
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
+from .gui_thread_gc import GuiThreadCollector
 from .main_window import APPLICATION, ORGANIZATION, RESOURCES, MainWindow
 
 
@@ -50,6 +51,8 @@ def run_gui(args: argparse.Namespace) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
+    collector = GuiThreadCollector(app)  # Qt objects are destroyed on the GUI thread only
+    collector.start()
     style = RESOURCES / "style.qss"
     if style.is_file():  # cosmetic: the window works without it
         app.setStyleSheet(style.read_text(encoding="utf-8"))
@@ -67,4 +70,5 @@ def run_gui(args: argparse.Namespace) -> int:
         autorun(window, args.autorun_steps, args.quit_when_done)
     status = app.exec()
     window.close_without_asking()  # the event loop has ended: nobody could answer a question
+    collector.stop()
     return status

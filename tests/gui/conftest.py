@@ -13,6 +13,19 @@ WAIT_MS = 60_000
 
 
 @pytest.fixture(autouse=True)
+def collect_on_the_gui_thread(qapp):
+    """As the app does (gui/gui_thread_gc.py): no collection in worker threads during
+    a test; a last collection on this thread at its end."""
+    from gui.gui_thread_gc import GuiThreadCollector
+
+    collector = GuiThreadCollector()
+    collector.start()
+    yield collector
+    collector.stop()
+    collector.deleteLater()
+
+
+@pytest.fixture(autouse=True)
 def isolated_settings(tmp_path, monkeypatch):
     """Every test reads and writes its own settings file, never the user's."""
     path = tmp_path / "settings.ini"
