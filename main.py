@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from gui.app import run_gui
     except ImportError as exc:  # Qt's system libraries missing, e.g. "libEGL.so.1: cannot open ..."
-        print(f"error: Qt cannot load: {exc} (on Debian/Ubuntu, install the system packages "
-              "the README's Set up section lists)", file=sys.stderr)
+        print(f"error: Qt cannot load: {exc} (on Debian/Ubuntu, install the packages listed "
+              "under \"System libraries for Qt\" in the README)", file=sys.stderr)
         return cli.EXIT_ERROR
     return run_gui(args)
 

@@ -141,4 +141,4 @@ def test_qt_that_cannot_load_is_one_line(tmp_path, monkeypatch, capsys, names_pa
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
     assert main.main(["--data", str(names_path)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: Qt cannot load: ") and err.count("\n") == 1 and "Set up" in err
+    assert err.startswith("error: Qt cannot load: ") and err.count("\n") == 1 and "System libraries for Qt" in err
