@@ -84,8 +84,10 @@ def test_training_gradient_equals_vjp_and_numpy(name, model_name, corpus):
                                            Weights(numpy_grad, backend.specs, model), inputs, targets, model, np)
                 loss = float(backend._values(losses)[0])
                 assert abs(loss - vjp_loss) < 1e-5 and abs(loss - float(numpy_loss)) < 1e-5
-                np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=0, atol=1e-5)
-                np.testing.assert_allclose(train_grad, numpy_grad, rtol=0, atol=1e-5)
+                # float32 sums in another order: 1e-5 absolute, and 1e-5 relative for the
+                # wide model's entries near 3 (on some CPUs they differ by 4e-6 relative)
+                np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(train_grad, numpy_grad, rtol=1e-5, atol=1e-5)
                 assert np.abs(train_grad).max() > 1e-3  # a gradient, not zeros
     finally:
         backend.close()

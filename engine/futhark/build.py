@@ -252,8 +252,11 @@ def build(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) 
     return this.libdir
 
 
+# distutils' command lines go to the log whatever the setuptools version: newer
+# ones log through `logging`, which prints nothing below WARNING without a handler
 _FFI_BUILD = (
-    "import sys, futhark_ffi.build as b; "
+    "import logging, sys, futhark_ffi.build as b; "
+    "logging.basicConfig(level=logging.INFO, format='%(message)s', stream=sys.stdout); "
     "b.build(sys.argv[1], sys.argv[2]).compile(tmpdir=sys.argv[3], verbose=True)"
 )
 
