@@ -124,6 +124,9 @@ class ExploreController(QObject):
         elif isinstance(event, rs.Losses) and self.run_record is not None:
             self.run_record.extend(event.losses, event.first_step, event.seconds)  # NaN stays NaN per step
             self.run_list.update_run(self.run_record)
+        elif isinstance(event, rs.Heldout) and self.run_record is not None:
+            self.run_record.add_heldout(event.points, event.replacing)
+            self.run_list.update_run(self.run_record)
         elif isinstance(event, rs.SnapshotReady):
             self.inspect_hub.set_snapshot(event.snapshot)
         elif isinstance(event, rs.Samples) and event.prefix is not None:

@@ -126,7 +126,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self.status_labels = {key: QLabel(" ", objectName=f"status_{key}")
-                              for key in ("backend", "params", "step", "loss", "smoothed")}
+                              for key in ("backend", "params", "step", "names", "loss", "smoothed", "heldout")}
         for label in self.status_labels.values():
             self.statusBar().addPermanentWidget(label)
 
@@ -354,6 +354,11 @@ class MainWindow(QMainWindow):
         labels["params"].setText(f"Params: {params:,}" if params else "Params: -")
         labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {run.train.num_steps:,}" if has_run
                                else "Step -")
-        last = self.loss_plot.last()
+        plot = self.loss_plot
+        names = plot.series.n * plot.batch_size
+        labels["names"].setText(f"Names {names:,} (epoch {names / plot.train_docs:.2f})"
+                                if has_run and plot.train_docs else "Names -")
+        last = plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")
         labels["smoothed"].setText(f"Smoothed {last[1]:.4f}" if last else "Smoothed -")
+        labels["heldout"].setText(f"Held-out {plot.heldout[-1].loss:.4f}" if plot.heldout else "Held-out -")

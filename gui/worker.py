@@ -27,6 +27,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 import engine
 from engine import run_state as rs
 from engine.introspect import Snapshot
+from engine.learning import HoldoutSchedule, evaluate_if_due, evaluation_estimate
 from engine.run import Phase, allows, extend_backend, next_phase
 from engine.run_state import RunInfo, RunSpec
 
@@ -59,6 +60,8 @@ class TrainingWorker(QObject):
         self._snapshots_wanted = threading.Event()  # an inspect panel is on screen
         self._next_snapshot = 0.0  # time.monotonic() after which the next one may be taken
         self._snapshot_cost = 0.0  # seconds the last snapshot took
+        self._holdout = HoldoutSchedule()  # held-out evaluations: at most its share of the training time
+        self._evaluating = True  # False once an evaluation failed: training goes on without them
 
     # called from the GUI thread (never waits) ---------------------------------
     def send(self, command: rs.Command) -> None:
@@ -110,9 +113,10 @@ class TrainingWorker(QObject):
                 return
             self.step = b.step
             self._emit(rs.Opened(RunInfo(b.name, b.model, b.train_config, b.num_params, b.corpus.vocab_size,
-                                         len(b.corpus), b.step), self.spec.checkpoint is not None))
+                                         len(b.corpus), b.step, b.holdout), self.spec.checkpoint is not None))
             if b.step:
                 self._emit(rs.Losses(self.loss_history(), 0, float("nan")))
+                self._emit(rs.Heldout(tuple(b.heldout_history), replacing=True))  # a checkpoint's curve
             self._move(rs.Opened)
             if b.finished:
                 self._move(rs.Finished())
@@ -171,6 +175,8 @@ class TrainingWorker(QObject):
             self._seconds_per_step = None  # re-measure: the machine may have changed
         if isinstance(command, (rs.Pause, rs.Resume, rs.Stop)):
             self._move(command)
+            if isinstance(command, rs.Stop):
+                self._evaluate(finished=True)  # where the stopped run ended
         elif isinstance(command, rs.Sample):
             self._sample(command)
         elif isinstance(command, rs.Save):
@@ -289,10 +295,51 @@ class TrainingWorker(QObject):
         if len(losses):
             self._emit(rs.Losses(losses, first, elapsed))
             self._adapt_chunk(elapsed / len(losses))
+        self._holdout.trained(elapsed)
+        self._evaluate(finished=backend.finished)
         if backend.finished:
             self._move(rs.Finished())
         else:
             self._maybe_send_snapshot()
+
+    def _evaluate(self, finished: bool) -> None:
+        """The held-out loss, when the schedule says it is due (after a chunk within
+        its share of the training time, and once at the end), reported as Heldout."""
+        if not self._evaluating or self.backend is None or not self._first_evaluation_affordable(finished):
+            return
+        self.call = "evaluating the held-out loss"
+        try:
+            loss = evaluate_if_due(self.backend, self._holdout, finished, cancel=self._evaluation_cancelled)
+        except engine.Cancelled:  # a command came: it goes first, the evaluation comes again later
+            return
+        except MemoryError:
+            self._evaluating = False
+            self._emit(rs.Status("Not enough memory to evaluate the held-out loss: training goes on without it"))
+            return
+        except Exception as exc:  # training goes on: the held-out curve is a view of it
+            self._evaluating = False
+            self._emit(rs.Status(f"Cannot evaluate the held-out loss: {_message(exc)}"))
+            return
+        finally:
+            self.call = ""
+        if loss is not None:
+            self._emit(rs.Heldout((self.backend.heldout_history[-1],)))
+
+    def _evaluation_cancelled(self) -> bool:
+        """An evaluation gives way to any command (Pause, Stop, Save, Sample, End):
+        a large model's held-out pass can take minutes."""
+        return self._ending.is_set() or not self._commands.empty()
+
+    def _first_evaluation_affordable(self, finished: bool) -> bool:
+        """The schedule evaluates first after one chunk; here not before its guessed
+        cost fits in the schedule's share (a large model's first chunk is one step)."""
+        schedule = self._holdout
+        if finished or schedule.evaluations:
+            return True
+        if self._seconds_per_step is None:
+            return False
+        guess = evaluation_estimate(self.backend.split, self._seconds_per_step)
+        return guess <= schedule.share * schedule.train_seconds
 
     def _adapt_chunk(self, seconds_per_step: float) -> None:
         """Choose k so the next call takes about TARGET_CHUNK_S (growing at most 2x)."""
