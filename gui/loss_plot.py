@@ -283,8 +283,9 @@ class LossPlot(QWidget):
         step = step_of_x(self.x_axis, view.mapSceneToView(pos).x(), self.batch_size, self.clock)
         i = min(max(step - 1, 0), s.n - 1)  # steps count from 1
         text = f"step {i + 1:,}: loss {s.y[i]:.4f}, smoothed {s.smooth[i]:.4f}"
-        if self.train_docs:
-            text = f"step {i + 1:,} (epoch {(i + 1) * self.batch_size / self.train_docs:.2f})" + text[text.index(":"):]
+        names = (i + 1) * self.batch_size
+        if self.train_docs and (self.batch_size > 1 or names >= self.train_docs):  # as the status bar
+            text += f", epoch {names / self.train_docs:.2f}"
         before = [p for p in self.heldout if p.step <= i + 1]
         if before:
             text += f"; held-out {before[-1].loss:.4f} at step {before[-1].step:,}"

@@ -126,7 +126,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self.status_labels = {key: QLabel(" ", objectName=f"status_{key}")
-                              for key in ("backend", "params", "step", "names", "loss", "smoothed", "heldout")}
+                              for key in ("backend", "params", "step", "loss", "smoothed", "heldout")}
         for label in self.status_labels.values():
             self.statusBar().addPermanentWidget(label)
 
@@ -356,8 +356,11 @@ class MainWindow(QMainWindow):
                                else "Step -")
         plot = self.loss_plot
         names = plot.series.n * plot.batch_size
-        labels["names"].setText(f"Names {names:,} (epoch {names / plot.train_docs:.2f})"
-                                if has_run and plot.train_docs else "Names -")
+        # the epoch once it says something (batches, or past the first); names seen in the
+        # tooltip (the progress bar shows both)
+        if has_run and plot.train_docs and (plot.batch_size > 1 or names >= plot.train_docs):
+            labels["step"].setText(labels["step"].text() + f" · epoch {names / plot.train_docs:.2f}")
+        labels["step"].setToolTip(f"{names:,} names seen (step x batch size {plot.batch_size})" if has_run else "")
         last = plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")
         labels["smoothed"].setText(f"Smoothed {last[1]:.4f}" if last else "Smoothed -")

@@ -79,7 +79,8 @@ def test_a_window_run_at_batch_4_is_the_engines(make_window, names_path, names_c
     bar = widget(window, QProgressBar, "progressBar")
     train_docs = len(names_corpus) - default_holdout(len(names_corpus))
     assert f"epoch {240 / train_docs:.2f} (240 names)" in bar.format()
-    assert window.status_labels["names"].text() == f"Names 240 (epoch {240 / train_docs:.2f})"
+    assert window.status_labels["step"].text() == f"Step 60 / 60 · epoch {240 / train_docs:.2f}"
+    assert window.status_labels["step"].toolTip().startswith("240 names seen")
 
 
 def test_the_heldout_curve_is_drawn_during_and_at_the_end_of_a_run(make_window, names_path, names_corpus, qtbot):
