@@ -48,9 +48,10 @@ TIME_AXIS = "training time"
 
 
 def table_height(table: QTableWidget, rows: int) -> int:
-    """The height that shows the header and `rows` rows."""
+    """The height that shows the header and `rows` rows, and a horizontal scroll bar
+    (the columns are wider than a narrow window)."""
     return (table.horizontalHeader().sizeHint().height() + rows * table.verticalHeader().defaultSectionSize()
-            + 2 * table.frameWidth())
+            + table.horizontalScrollBar().sizeHint().height() + 2 * table.frameWidth())
 
 
 class RunListPanel(QWidget):
