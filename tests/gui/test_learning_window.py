@@ -239,3 +239,18 @@ def test_a_futhark_backend_with_a_batch_says_why_it_cannot_train(make_window, na
     kind, _, text = window.messages[-1]
     assert kind == "warning" and "b4.npz trains 4 names per step" in text and reason in text
     assert window.state == "done" and window.session.worker.step == 20  # the run stays
+
+
+def test_continue_keeps_the_heldout_curve(make_window, names_path, names_corpus, qtbot):
+    window = make_window(names_path)
+    choose(window, preset="tiny", batch=2, steps=200)
+    run_to_end(qtbot, window)
+    before = list(window.loss_plot.heldout)
+    assert before[-1].step == 200
+    set_steps(window, 400)
+    assert widget(window, QPushButton, "trainButton").text() == "Continue to 400 steps"
+    click(qtbot, window, "trainButton")
+    qtbot.waitUntil(lambda: window.state == "done" and window.session.worker.step == 400, timeout=TIMEOUT_MS)
+    points = window.loss_plot.heldout
+    assert points[: len(before)] == before and points[-1].step == 400
+    assert window.session.worker.backend.heldout_history == points  # the reopened backend kept them
