@@ -19,12 +19,10 @@ runs can be removed (Remove, or the Delete key).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QIcon, QKeySequence, QPixmap, QShortcut
+from PySide6.QtGui import QColor, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -32,26 +30,17 @@ from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema
+from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height  # noqa: F401  (COLUMNS: for callers)
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
            (120, 120, 120), (148, 103, 189), (140, 86, 75), (188, 189, 34)]
-COLUMNS = ["Run", "Preset", "Backend", "LR", "Batch", "Steps", "Smoothed loss", "Best held-out", "Final held-out",
-           "ms/step", "names/s", "Dataset", "Status"]
 MAX_CHECKED = 8  # a new run unticks the oldest ticked one past this
 OTHER_DATASET = "other dataset"
 STEP, NAMES, SECONDS = "step", "names", "seconds"
 TRAINING, HELDOUT = "training", "heldout"  # what the overlay plots
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
-TABLE_ROWS = 6  # runs in view before the table scrolls
 TIME_AXIS = "training time"
-
-
-def table_height(table: QTableWidget, rows: int) -> int:
-    """The height that shows the header and `rows` rows, and a horizontal scroll bar
-    (the columns are wider than a narrow window)."""
-    return (table.horizontalHeader().sizeHint().height() + rows * table.verticalHeader().defaultSectionSize()
-            + table.horizontalScrollBar().sizeHint().height() + 2 * table.frameWidth())
 
 
 class RunListPanel(QWidget):
@@ -151,7 +140,7 @@ class RunListPanel(QWidget):
             cell.setFlags(flags | Qt.ItemIsUserCheckable if col == 0 else flags)
             self.table.setItem(row, col, cell)
         self.table.item(row, 0).setCheckState(Qt.Checked if checked else Qt.Unchecked)
-        self.table.item(row, 0).setIcon(_swatch(self._colors[id(record)]))
+        self.table.item(row, 0).setIcon(swatch(self._colors[id(record)]))
         self.table.blockSignals(False)
         self._fill_row(row)
         self._draw(record)
@@ -270,11 +259,7 @@ class RunListPanel(QWidget):
     def _fill_row(self, row: int) -> None:
         r = self.runs[row]
         smoothed = self.smoothed(r)
-        ms, rate = r.ms_per_step, r.names_per_second
-        values = [r.name, r.preset, r.backend, f"{r.train.learning_rate:g}", f"{r.train.batch_size:,}",
-                  f"{r.steps:,}", f"{smoothed[-1]:.4f}" if len(smoothed) else "-", _loss(r.best_heldout),
-                  _loss(r.final_heldout), "-" if math.isnan(ms) else f"{ms:.3g}",
-                  "-" if math.isnan(rate) else f"{rate:,.0f}", r.dataset or "-", r.status]
+        values = row_texts(r, smoothed)
         comparable = self.comparable(r)
         font = QFont(self.table.font())
         font.setItalic(not comparable)
@@ -412,13 +397,3 @@ class RunListPanel(QWidget):
         if other:
             lines.append(f"{', '.join(other)} trained on another dataset (dashed): not comparable with the others.")
         self.info.setText(" ".join(lines) or " ")
-
-
-def _loss(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.4f}"
-
-
-def _swatch(color: tuple[int, int, int]) -> QIcon:
-    pixmap = QPixmap(12, 12)
-    pixmap.fill(QColor(*color))
-    return QIcon(pixmap)
