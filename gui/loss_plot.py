@@ -168,7 +168,9 @@ class LossPlot(QWidget):
         return self.x_axis_combo.currentData()
 
     def set_x_axis(self, axis: str) -> None:
-        self.x_axis_combo.setCurrentIndex(self.x_axis_combo.findData(axis))
+        index = self.x_axis_combo.findData(axis)
+        if index >= 0:  # a hand-edited setting names no axis: keep the one shown
+            self.x_axis_combo.setCurrentIndex(index)
 
     def heldout_xy(self) -> tuple[np.ndarray, np.ndarray]:
         """The held-out points as drawn: x on the current axis, and their losses."""

@@ -322,6 +322,7 @@ class MainWindow(QMainWindow):
         self.sample_panel.count_spin.setValue(int(s.value("sampling/count", 10)))
         self.loss_plot.smoothing_slider.setValue(int(s.value("plot/smoothing", 950)))
         self.loss_plot.set_log_y(str(s.value("plot/log_y", "false")).lower() == "true")
+        self.loss_plot.set_x_axis(str(s.value("plot/x_axis", "step")))
         self.ask_before_discarding = str(s.value("runs/ask_to_save", "true")).lower() == "true"
         try:
             self.files.set_autosave_minutes(int(s.value("runs/autosave_minutes", 0)))
@@ -339,6 +340,7 @@ class MainWindow(QMainWindow):
         s.setValue("sampling/count", self.sample_panel.count_spin.value())
         s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
         s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
+        s.setValue("plot/x_axis", self.loss_plot.x_axis)
         s.setValue("runs/ask_to_save", self.ask_before_discarding)
         s.setValue("runs/autosave_minutes", self.files.autosave_minutes)
         s.setValue("view/tab", self.tabs.currentIndex())

@@ -254,3 +254,16 @@ def test_continue_keeps_the_heldout_curve(make_window, names_path, names_corpus,
     points = window.loss_plot.heldout
     assert points[: len(before)] == before and points[-1].step == 400
     assert window.session.worker.backend.heldout_history == points  # the reopened backend kept them
+
+
+def test_the_batch_held_out_and_x_axis_persist_between_windows(make_window, names_path):
+    window = make_window(names_path)
+    choose(window, preset="learn", batch=16, holdout=500)
+    window.loss_plot.set_x_axis(NAMES)
+    window.close()
+    again = make_window(None)
+    assert widget(again, QSpinBox, "batchSpin").value() == 16
+    assert again.config_panel.train_config().holdout == 500
+    assert again.loss_plot.x_axis == NAMES
+    again.loss_plot.set_x_axis("no such axis")  # a hand-edited setting: the axis shown stays
+    assert again.loss_plot.x_axis == NAMES
