@@ -267,3 +267,52 @@ def test_the_batch_held_out_and_x_axis_persist_between_windows(make_window, name
     assert again.loss_plot.x_axis == NAMES
     again.loss_plot.set_x_axis("no such axis")  # a hand-edited setting: the axis shown stays
     assert again.loss_plot.x_axis == NAMES
+
+
+def test_a_long_evaluation_gives_way_to_pause(make_window, names_path, qtbot, monkeypatch):
+    """An evaluation that would take 20 s (100 batches of 0.2 s) does not hold up Pause:
+    it is cancelled between batches, and no point is recorded for it."""
+    import time
+
+    from engine.backends import base
+    from engine.backends.numpy_backend import NumpyBackend
+
+    forward = NumpyBackend._doc_losses
+    started = []
+
+    def slow_doc_losses(self, batch):
+        started.append(time.monotonic())
+        time.sleep(0.2)
+        return forward(self, batch)
+
+    monkeypatch.setattr(base, "EVAL_MAX_DOCS", 10)
+    monkeypatch.setattr(NumpyBackend, "_doc_losses", slow_doc_losses)
+    window = make_window(names_path)
+    choose(window, preset="tiny", steps=1_000_000)
+    click(qtbot, window, "trainButton")
+    qtbot.waitUntil(lambda: len(started) >= 2, timeout=TIMEOUT_MS)  # inside an evaluation
+    asked = time.monotonic()
+    click(qtbot, window, "trainButton")  # Pause
+    wait_state(qtbot, window, "paused")
+    qtbot.waitUntil(lambda: window.session.worker.call == "", timeout=TIMEOUT_MS)
+    assert time.monotonic() - asked < 2.0  # one batch (0.2 s) and the machine's noise, not 20 s
+    assert window.loss_plot.heldout == [] and window.session.worker.backend.heldout_history == []
+
+
+def test_the_step_clock_sums_chunk_times_and_rewinds():
+    from gui.plot_axes import StepClock
+
+    clock = StepClock()
+    clock.extend(0, 3, float("nan"))  # a checkpoint's steps: no time
+    clock.extend(3, 2, 1.0)
+    clock.extend(5, 4, 2.0)
+    expected = [np.nan, np.nan, np.nan, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    np.testing.assert_array_equal(clock.seconds, expected)
+    np.testing.assert_array_equal(clock.at_steps([0, 3, 4, 9, 10]), [np.nan, np.nan, 0.5, 3.0, np.nan])
+    assert (clock.step_at(0.2), clock.step_at(1.0), clock.step_at(2.9)) == (4, 5, 9)
+    clock.extend(6, 1, 4.0)  # rewound to step 6: its time follows step 6's
+    np.testing.assert_array_equal(clock.seconds, expected[:6] + [5.5])
+    long = StepClock()
+    for first in range(0, 5000, 100):
+        long.extend(first, 100, 0.25)
+    np.testing.assert_allclose(long.seconds, np.cumsum(np.full(5000, 0.0025)))
