@@ -144,6 +144,7 @@ class LossPlot(QWidget):
         self.clock = StepClock()
         self.heldout = []
         self._num_steps = 0
+        self.set_run(1, 0)  # no run: no epoch on the names axis
         self._show_heldout_in_legend()
         view = self.plot.getPlotItem().vb
         view.setRange(xRange=(0, 1), yRange=(0, 1), padding=0, disableAutoRange=False)  # as at start
@@ -220,11 +221,14 @@ class LossPlot(QWidget):
         if self.x_axis == STEP:  # the common case: no copies
             self.raw_curve.setData(s.steps, s.losses)
             self.smooth_curve.setData(s.steps, s.smoothed)
+        elif self.x_axis == SECONDS:  # slices, no copies: a checkpoint's untimed steps are left off
+            timed = self.clock.timed
+            self.raw_curve.setData(self.clock.t[timed], s.y[timed])
+            self.smooth_curve.setData(self.clock.t[timed], s.smooth[timed])
         else:
             x = x_values(self.x_axis, s.steps, self.batch_size, self.clock)
-            shown = ~np.isnan(x) if self.x_axis == SECONDS else slice(None)
-            self.raw_curve.setData(x[shown], s.losses[shown])
-            self.smooth_curve.setData(x[shown], s.smoothed[shown])
+            self.raw_curve.setData(x, s.losses)
+            self.smooth_curve.setData(x, s.smoothed)
         self.heldout_curve.setData(*self.heldout_xy())
         self.redraws += 1
         # a slow redraw (huge series, slow machine) gets more room before the next one

@@ -14,12 +14,15 @@ AXES = ((STEP, "step"), (NAMES, "names seen"), (SECONDS, "training time"))
 
 
 class StepClock:
-    """Training seconds up to the end of each step (step i + 1 at index i); NaN for
-    steps without a time (loaded from a checkpoint). A chunk's time is shared
-    evenly among its steps, as engine.runs.RunRecord does."""
+    """Training seconds up to the end of each step (step i + 1 at index i). The
+    first `untimed` steps have none (NaN: loaded from a checkpoint); a later
+    chunk without a time (never in a run) is placed at the last known time, so
+    the timed steps' times never fall and the plot draws them as slices. A
+    chunk's time is shared evenly among its steps, as engine.runs.RunRecord does."""
 
     def __init__(self):
         self.n = 0
+        self.untimed = 0
         self.t = np.empty(1024, dtype=np.float64)
         self._end = 0.0  # the last known time (a chunk's steps continue from it)
 
@@ -27,22 +30,26 @@ class StepClock:
         """Steps first + 1 .. first + count took `seconds` (NaN: unknown); a first
         before the end rewinds."""
         if first < self.n:  # rewound (a checkpoint): the time so far is the kept steps' last
-            self.n = first
-            self._end = self._last_time()
-        start = self._end
+            self.n, self.untimed = first, min(self.untimed, first)
+            self._end = float(self.t[first - 1]) if first > self.untimed else 0.0
+        first, count = self.n, first + count - self.n  # a gap (never in a run) counts as the chunk's
         end = first + count
         self.t = grown(self.t, end, self.n)
-        if first > self.n:  # a gap (never in a run): unknown times
-            self.t[self.n:first] = np.nan
-        per_step = seconds / count if count and np.isfinite(seconds) else np.nan
-        self.t[first:end] = start + per_step * np.arange(1, count + 1)
-        self.n = end
-        if count and np.isfinite(per_step):
+        if not (count and np.isfinite(seconds)):
+            if first == self.untimed:
+                self.t[first:end] = np.nan
+                self.untimed = end
+            else:
+                self.t[first:end] = self._end
+        else:
+            self.t[first:end] = self._end + seconds / count * np.arange(1, count + 1)
             self._end = float(self.t[end - 1])
+        self.n = end
 
-    def _last_time(self) -> float:
-        finite = self.t[: self.n][np.isfinite(self.t[: self.n])]
-        return float(finite[-1]) if len(finite) else 0.0
+    @property
+    def timed(self) -> slice:
+        """The steps (as indices) that have a time."""
+        return slice(self.untimed, self.n)
 
     @property
     def seconds(self) -> np.ndarray:
@@ -58,8 +65,7 @@ class StepClock:
 
     def step_at(self, seconds: float) -> int:
         """The first step whose end is at or after `seconds` (1 if none is timed)."""
-        t = np.where(np.isnan(self.seconds), -1.0, self.seconds)  # timed steps rise after the untimed ones
-        return int(np.searchsorted(t, seconds)) + 1
+        return self.untimed + int(np.searchsorted(self.t[self.timed], seconds)) + 1
 
 
 def x_values(axis: str, steps: np.ndarray, batch_size: int, clock: StepClock) -> np.ndarray:

@@ -312,6 +312,9 @@ def test_the_step_clock_sums_chunk_times_and_rewinds():
     assert (clock.step_at(0.2), clock.step_at(1.0), clock.step_at(2.9)) == (4, 5, 9)
     clock.extend(6, 1, 4.0)  # rewound to step 6: its time follows step 6's
     np.testing.assert_array_equal(clock.seconds, expected[:6] + [5.5])
+    clock.extend(7, 2, float("nan"))  # a later chunk without a time: at the last known time
+    np.testing.assert_array_equal(clock.seconds, expected[:6] + [5.5, 5.5, 5.5])
+    assert clock.timed == slice(3, 9)
     long = StepClock()
     for first in range(0, 5000, 100):
         long.extend(first, 100, 0.25)
