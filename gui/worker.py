@@ -62,6 +62,7 @@ class TrainingWorker(QObject):
         self._snapshot_cost = 0.0  # seconds the last snapshot took
         self._holdout = HoldoutSchedule()  # held-out evaluations: at most its share of the training time
         self._evaluating = True  # False once an evaluation failed: training goes on without them
+        self._diverged = False     # a diverged run's parameters are not evaluated
 
     # called from the GUI thread (never waits) ---------------------------------
     def send(self, command: rs.Command) -> None:
@@ -151,6 +152,10 @@ class TrainingWorker(QObject):
 
     def _loop(self) -> None:
         while not self._ending.is_set():
+            if self.phase == Phase.DONE and self._commands.empty() and not self._heldout_current():
+                # a stopped run's held-out loss where it ended, or a finished run's whose last
+                # evaluation a command cut short
+                self._evaluate(finished=True)
             try:
                 command = (self._commands.get_nowait() if self.phase == Phase.RUNNING
                            else self._commands.get())
@@ -173,10 +178,9 @@ class TrainingWorker(QObject):
             if self.backend.finished:
                 return
             self._seconds_per_step = None  # re-measure: the machine may have changed
+            self._diverged = False
         if isinstance(command, (rs.Pause, rs.Resume, rs.Stop)):
             self._move(command)
-            if isinstance(command, rs.Stop):
-                self._evaluate(finished=True)  # where the stopped run ended
         elif isinstance(command, rs.Sample):
             self._sample(command)
         elif isinstance(command, rs.Save):
@@ -276,6 +280,7 @@ class TrainingWorker(QObject):
             self.step = backend.step
             self._emit(rs.Losses(self.loss_history()[first:], first, float("nan")))
             self._move(rs.Stop())
+            self._diverged = True
             self._emit(rs.Diverged(exc.step))
             self._emit(rs.Error(str(exc)))
             return
@@ -324,6 +329,13 @@ class TrainingWorker(QObject):
             self.call = ""
         if loss is not None:
             self._emit(rs.Heldout((self.backend.heldout_history[-1],)))
+
+    def _heldout_current(self) -> bool:
+        """Whether the held-out curve needs no point at this step: it has one (a
+        checkpoint's, or evaluated), nothing is held out, or the run diverged."""
+        b = self.backend
+        history = b.heldout_history
+        return self._diverged or b.holdout == 0 or bool(history and history[-1].step == b.step)
 
     def _evaluation_cancelled(self) -> bool:
         """An evaluation gives way to any command (Pause, Stop, Save, Sample, End):

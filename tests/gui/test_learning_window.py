@@ -319,3 +319,32 @@ def test_the_step_clock_sums_chunk_times_and_rewinds():
     for first in range(0, 5000, 100):
         long.extend(first, 100, 0.25)
     np.testing.assert_allclose(long.seconds, np.cumsum(np.full(5000, 0.0025)))
+
+
+def test_a_final_evaluation_cut_short_by_a_sample_comes_again_when_idle(make_window, names_path, qtbot,
+                                                                          monkeypatch):
+    import time
+
+    from engine.backends import base
+    from engine.backends.numpy_backend import NumpyBackend
+
+    forward = NumpyBackend._doc_losses
+
+    def slow_doc_losses(self, batch):
+        time.sleep(0.05)
+        return forward(self, batch)
+
+    monkeypatch.setattr(base, "EVAL_MAX_DOCS", 25)  # 40 batches: an evaluation takes 2 s
+    monkeypatch.setattr(NumpyBackend, "_doc_losses", slow_doc_losses)
+    window = make_window(names_path)
+    choose(window, preset="tiny", steps=50)
+    click(qtbot, window, "trainButton")
+    worker = window.session.worker
+    qtbot.waitUntil(lambda: worker.step == 50 and worker.call == "evaluating the held-out loss", timeout=TIMEOUT_MS)
+    with qtbot.waitSignal(window.sample_panel.samples_list.model().rowsInserted, timeout=TIMEOUT_MS):
+        window.request_samples(3, 0.5, 0)  # cancels the evaluation: the names come first
+    assert not window.loss_plot.heldout or window.loss_plot.heldout[-1].step < 50  # before the end's point
+    wait_state(qtbot, window, "done")
+    qtbot.waitUntil(lambda: bool(window.loss_plot.heldout) and window.loss_plot.heldout[-1].step == 50,
+                    timeout=TIMEOUT_MS)
+    assert worker.backend.heldout_history[-1].step == 50
