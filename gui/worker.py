@@ -14,6 +14,11 @@ model, or an opening or a save that cannot be cut short. The worker's phase
 moves by engine.run's table. `call` names the call the worker is inside, for
 the window to show while it waits. The GUI reads no backend state: `step`,
 `train_seconds` and `loss_history()` are lock-free snapshots.
+
+Between chunks the worker also evaluates the held-out loss when
+engine.learning's HoldoutSchedule says it is due (within a tenth of the
+training time, and at the end), reported as Heldout events; a command that
+comes meanwhile cancels the evaluation between batches of documents.
 """
 from __future__ import annotations
 
