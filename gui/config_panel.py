@@ -18,7 +18,7 @@ MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
 LIMITS = engine.config.FIELD_LIMITS  # the engine's ranges: a checkpoint outside them is refused
 FIELD_RANGES = {name: LIMITS["model." + name] for name in MODEL_FIELDS}
 AUTO_HOLDOUT = -1  # the Held-out field's "auto": engine.batches.default_holdout
-BATCH_TIP = ("Names per step: each step trains on the next B names (padded and masked) with one Adam "
+BATCH_TIP = ("Documents (names) per step: each step trains on the next B of them (padded and masked) with one Adam "
              "update; 1 is microgpt's")
 INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native frame and arrows stay)
 
@@ -122,11 +122,12 @@ class ConfigPanel(QWidget):
         self.batch_spin = QSpinBox(objectName="batchSpin", minimum=1, maximum=LIMITS["train.batch_size"][1])
         self.batch_spin.setToolTip(BATCH_TIP)
         self.holdout_spin = QSpinBox(objectName="holdoutSpin", minimum=AUTO_HOLDOUT,
-                                     maximum=LIMITS["train.holdout"][1], suffix=" names")
+                                     maximum=LIMITS["train.holdout"][1], suffix=" documents")
         self.holdout_spin.setGroupSeparatorShown(True)
-        self.holdout_spin.setSpecialValueText("auto")  # at the minimum: min(1,000, 10% of the names)
-        self.holdout_spin.setToolTip("Names held out of training for the held-out loss (the last ones of the "
-                                     "dataset): auto is min(1,000, 10% of the names); 0 turns it off")
+        self.holdout_spin.setSpecialValueText("auto")  # at the minimum: min(1,000, 10% of the documents)
+        self.holdout_spin.setToolTip("Documents (names) held out of training to measure the held-out loss on "
+                                     "(the last of the training order): auto is min(1,000, 10% of the "
+                                     "documents); 0 turns it off")
         steps_row = QHBoxLayout()
         steps_row.addWidget(self.steps_spin, 3)
         steps_row.addWidget(QLabel("Batch", buddy=self.batch_spin))
