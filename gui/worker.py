@@ -290,10 +290,12 @@ class TrainingWorker(QObject):
             self._emit(rs.Error(str(exc)))
             return
         except MemoryError:
+            self._evaluating = False  # the error says what to do; an evaluation would only add to it
             self._move(rs.Stop())
             self._emit(rs.Error("out of memory: choose a smaller model (preset) and train again"))
             return
         except Exception as exc:
+            self._evaluating = False  # e.g. a Futhark call that used up the weights
             self._move(rs.Stop())
             self._emit(rs.Error(f"training failed: {_message(exc)}", engine.error_details(exc)))
             return
