@@ -10,6 +10,7 @@ the session, filled as the losses arrive, with its dataset.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from PySide6.QtCore import QObject
@@ -134,12 +135,13 @@ class ExploreController(QObject):
         elif isinstance(event, rs.Diverged):
             self._set_status("diverged")
         elif isinstance(event, rs.Extended) and self.run_record is not None:
-            self.run_record.train = self.run.train
+            self.run_record.train = replace(self.run.train, holdout=self.run_record.train.holdout)
             self._record_phase(self.run.phase)
 
     def _add_record(self, event: rs.Opened) -> None:
         info, dataset = event.info, self.run.dataset
-        self.run_record = RunRecord(f"run {self.run_list.count + 1}", info.backend, info.model, info.train,
+        train = replace(info.train, holdout=info.holdout)  # the count (auto resolved): runs compare by it
+        self.run_record = RunRecord(f"run {self.run_list.count + 1}", info.backend, info.model, train,
                                     status="loaded" if event.from_checkpoint else "running",
                                     dataset=dataset.name if dataset else "",
                                     dataset_hash=dataset.content_hash if dataset else "")

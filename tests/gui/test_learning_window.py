@@ -166,6 +166,13 @@ def test_the_runs_table_and_overlay_show_the_heldout_loss(make_window, names_pat
     assert panel.plot.getPlotItem().getAxis("left").labelText == "held-out loss"
     panel.set_x_axis("names")
     np.testing.assert_array_equal(panel.curves[id(record)].getData()[0], [4 * p.step for p in points])
+    assert record.train.holdout == default_holdout(len(window.corpus))  # "auto", resolved
+    assert "different numbers" not in panel.info.text()
+    choose(window, holdout=500, steps=100)  # a second run, measured on other names
+    run_to_end(qtbot, window)
+    qtbot.waitUntil(lambda: len(panel.curves) == 2, timeout=TIMEOUT_MS)
+    assert panel.runs[1].train.holdout == 500
+    qtbot.waitUntil(lambda: "hold out different numbers of names" in panel.info.text(), timeout=TIMEOUT_MS)
 
 
 def test_the_csv_has_the_heldout_column(make_window, names_path, qtbot, tmp_path):
