@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 import engine
 from engine import run_state as rs
+from engine.backends import batch_refusal
 from engine.runs import write_loss_csv
 
 from .background import run_in_background
@@ -151,6 +152,12 @@ class FileController(QObject):
         if call is not self._checkpoint_read:
             return  # superseded by a later load, a Reset or closing
         self._checkpoint_read = None
+        refusal = batch_refusal(self._backend_name(), checkpoint.train.batch_size)
+        if refusal:  # before the current run is ended: nothing changes
+            self.notify.show_message("warning", "Cannot load on this backend",
+                                     f"{Path(path).name} trains {checkpoint.train.batch_size} names per step, "
+                                     f"and {refusal}. Choose numpy (or cupy) under Backend, then load it again.")
+            return
         spec = rs.RunSpec(self._backend_name(), checkpoint=checkpoint, autostart=False)
         identity = self.datasets.checkpoint_identity(checkpoint, path)
         self.runs.guard.confirm(f"Loading {Path(path).name}", lambda: self.runs.open_run(spec, identity, path))
@@ -171,8 +178,9 @@ class FileController(QObject):
 
     # exports ------------------------------------------------------------------
     def export_csv(self, path: str | None = None) -> None:
-        """step,loss,smoothed from the plot's own copy; written off the GUI thread (`exported`)."""
+        """step,loss,smoothed,heldout from the plot's own copy; written off the GUI thread (`exported`)."""
         steps, losses, smoothed = self.loss_plot.data()
+        heldout = list(self.loss_plot.heldout)
         if not len(losses):
             self.notify.show_message("info", "Nothing to export", "There is no loss history yet.")
             return
@@ -181,7 +189,7 @@ class FileController(QObject):
             if not path:
                 return
         path = str(path)
-        run_in_background(write_loss_csv, path, steps, losses, smoothed, parent=self, name="export-csv",
+        run_in_background(write_loss_csv, path, steps, losses, smoothed, heldout, parent=self, name="export-csv",
                           on_done=self._on_csv_written, on_failed=lambda exc: self._on_csv_failed(path, exc))
 
     def _on_csv_written(self, path: str) -> None:
