@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine import Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backend, read_checkpoint
-from engine.backends import probe_backend
+from engine.backends import futhark_backend as fbk, probe_backend
 from engine.model import Weights, loss_and_grad
 from futhark_support import MULTICORE_2_THREADS
 
@@ -66,18 +66,22 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
         backend.close()
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("name, blocks", [("futhark-c", 1), ("futhark-c", 0), (MULTICORE_2_THREADS, 2)])
 @pytest.mark.parametrize("step", [0, 3, 4])  # step 4 wraps: documents 12, 13, 0
-def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, step, corpus):
+def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, blocks, step, corpus):
+    """blocks 0 runs a GPU's form of the step (each document's products in
+    parallel inside the map over documents) in sequential C."""
     available(name)
     train = TrainConfig(num_steps=100, batch_size=3, holdout=3, beta1=0.0, learning_rate=0.01)
     backend = open_backend(name, MODEL, train, corpus)
     try:
         backend.train(5)  # away from the initial parameters
         state = backend.get_state()
-        weights = backend._call("new_weights", backend._model, state.params, state.m, state.v, step)
-        vjp_loss, vjp_grad = backend._call("grad_vjp", backend._model, weights, step)
-        weights, losses = backend._call("train", backend._model, weights, 1)
+        model = backend._call("new_model", *fbk.model_arguments(MODEL, train, corpus, backend.specs, blocks,
+                                                                backend.split.n_train))
+        weights = backend._call("new_weights", model, state.params, state.m, state.v, step)
+        vjp_loss, vjp_grad = backend._call("grad_vjp", model, weights, step)
+        weights, losses = backend._call("train", model, weights, 1)
         train_grad = backend._values(backend._call("get_m", weights))
         batch = backend.split.batch(step)
         assert len(set(batch.lengths.tolist())) > 1  # padded
