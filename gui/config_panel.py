@@ -12,7 +12,6 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox
                                QLabel, QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 import engine
-from engine.backends import batch_refusal
 
 MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
 LIMITS = engine.config.FIELD_LIMITS  # the engine's ranges: a checkpoint outside them is refused
@@ -242,11 +241,6 @@ class ConfigPanel(QWidget):
         value = self.holdout_spin.value()
         return None if value == AUTO_HOLDOUT else value
 
-    def batch_problem(self) -> str:
-        """Why the chosen backend cannot train the Batch field's size ('' when it can)."""
-        backend = self.backend_name()
-        return batch_refusal(backend, self.batch_spin.value()) if backend else ""
-
     def problem(self) -> str:
         """Why Train cannot start with these settings ('' when it can)."""
         try:
@@ -256,7 +250,7 @@ class ConfigPanel(QWidget):
             return str(exc)
         if self.backend_name() is None:
             return "no backend is available"
-        return self.batch_problem()
+        return ""
 
     def _on_changed(self, *_) -> None:
         if self._filling:
@@ -270,10 +264,6 @@ class ConfigPanel(QWidget):
             bad = bool(problem) and name in problem
             mark_invalid(spin, bad)
             spin.setToolTip(problem if bad else "")
-        batch = self.batch_problem()
-        mark_invalid(self.batch_spin, bool(batch))
-        self.batch_spin.setToolTip(batch or BATCH_TIP)
-        problem = problem or (batch[0].upper() + batch[1:] if batch else "")
         self.error_label.setText(problem)
         self.error_label.setVisible(bool(problem))
         if model is None:

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 import engine
 from engine import run_state as rs
-from engine.backends import batch_refusal
 from engine.runs import write_loss_csv
 
 from .background import run_in_background
@@ -152,12 +151,6 @@ class FileController(QObject):
         if call is not self._checkpoint_read:
             return  # superseded by a later load, a Reset or closing
         self._checkpoint_read = None
-        refusal = batch_refusal(self._backend_name(), checkpoint.train.batch_size)
-        if refusal:  # before the current run is ended: nothing changes
-            self.notify.show_message("warning", "Cannot load on this backend",
-                                     f"{Path(path).name} trains {checkpoint.train.batch_size} names per step, "
-                                     f"and {refusal}. Choose numpy (or cupy) under Backend, then load it again.")
-            return
         spec = rs.RunSpec(self._backend_name(), checkpoint=checkpoint, autostart=False)
         identity = self.datasets.checkpoint_identity(checkpoint, path)
         self.runs.guard.confirm(f"Loading {Path(path).name}", lambda: self.runs.open_run(spec, identity, path))

@@ -7,11 +7,9 @@ import csv
 
 import numpy as np
 import pytest
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QProgressBar, QPushButton, QSpinBox
 
 import engine
-from engine import backends as registry
 from engine.batches import default_holdout
 from gui.plot_axes import NAMES, SECONDS, STEP
 from gui.run_list import COLUMNS, HELDOUT
@@ -216,36 +214,6 @@ def test_a_checkpoint_brings_its_heldout_curve_back(make_window, names_path, qtb
     run_to_end(qtbot, window)  # resumed: the curve goes on from the checkpoint's points
     points = window.loss_plot.heldout
     assert points[: len(saved)] == saved and points[-1].step == 8000
-
-
-def test_a_futhark_backend_with_a_batch_says_why_it_cannot_train(make_window, names_path, qtbot, monkeypatch,
-                                                                   tmp_path):
-    monkeypatch.setitem(registry._REGISTRY, "futhark-c", (lambda: (True, "fake: available"), None))
-    window = make_window(names_path)
-    choose(window, preset="tiny", batch=4)
-    assert window.config_panel.select_backend("futhark-c")
-    train = widget(window, QPushButton, "trainButton")
-    reason = registry.batch_refusal("futhark-c", 4)
-    assert not train.isEnabled() and reason in train.toolTip()
-    assert window.config_panel.error_label.text().lower() == reason.lower()
-    assert widget(window, QSpinBox, "batchSpin").property("invalid") is True
-    choose(window, batch=1)
-    assert train.isEnabled() and widget(window, QSpinBox, "batchSpin").property("invalid") is False
-
-    # a checkpoint trained at B = 4, loaded with futhark-c chosen: a message, the window unchanged
-    window.config_panel.select_backend("numpy")
-    choose(window, batch=4, steps=20)
-    run_to_end(qtbot, window)
-    path = tmp_path / "b4.npz"
-    window.save_checkpoint(str(path))
-    qtbot.waitUntil(path.exists, timeout=TIMEOUT_MS)
-    window.config_panel.select_backend("futhark-c")
-    count = len(window.messages)
-    window.load_checkpoint(str(path))
-    qtbot.waitUntil(lambda: len(window.messages) > count, timeout=TIMEOUT_MS)
-    kind, _, text = window.messages[-1]
-    assert kind == "warning" and "b4.npz trains 4 names per step" in text and reason in text
-    assert window.state == "done" and window.session.worker.step == 20  # the run stays
 
 
 def test_continue_keeps_the_heldout_curve(make_window, names_path, names_corpus, qtbot):
