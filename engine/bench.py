@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .backends import batch_refusal as engine_batch_refusal, list_backends, open_backend
+from .backends import list_backends, open_backend
 from .config import get_preset
 from .data import Corpus
 from .errors import Cancelled
@@ -351,27 +351,17 @@ def run_bench(backends: list[str], presets: list[str], data: Path, budget: Budge
     for row in results:
         on_row(row)
     runnable = [b for b in backends if status[b][0]]
-    for batch in batches:
-        for backend in runnable:
-            if reason := batch_refusal(backend, batch):
-                results.append(BenchResult(backend, "-", "skipped", reason=reason, batch=batch))
-                on_row(results[-1])
-        batched = [b for b in runnable if not batch_refusal(b, batch)]
+    for batch in batches:  # every backend trains batches
         for preset in presets:
-            runs: dict[str, list[BenchResult]] = {backend: [] for backend in batched}
+            runs: dict[str, list[BenchResult]] = {backend: [] for backend in runnable}
             for _ in range(rounds):
-                for backend in batched:
+                for backend in runnable:
                     runs[backend].append(run_isolated(backend, preset, data, budget, batch=batch,
                                                       to_loss=to_loss))
-            for backend in batched:
+            for backend in runnable:
                 results.append(median_run(runs[backend]))
                 on_row(results[-1])
     return results
-
-
-def batch_refusal(backend: str, batch: int) -> str:
-    """Why `backend` does not train `batch` documents per step, or ""."""
-    return "" if backend == TORCH else engine_batch_refusal(backend, batch)
 
 
 def median_run(runs: list[BenchResult]) -> BenchResult:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 EVAL_SHARE = 0.1  # evaluation may take at most this share of the training time
+FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step (the backward pass is about twice it)
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,23 @@ class HoldoutSchedule:
         return self.eval_seconds + self.last_eval_seconds <= self.share * self.train_seconds
 
 
+def evaluation_estimate(split, seconds_per_step: float) -> float:
+    """A guess at one evaluation's seconds before any has run: a forward pass over
+    the held-out positions at the training steps' speed (batched evaluation is
+    faster, so this errs towards evaluating later). split: an engine.batches.DataSplit."""
+    heldout = float(split.positions[split.heldout_documents()].sum())
+    per_step = float(split.positions[: split.n_train].mean()) * split.batch_size
+    return FORWARD_SHARE * seconds_per_step * heldout / max(per_step, 1.0)
+
+
 def evaluate_if_due(runner, schedule: HoldoutSchedule, finished: bool = False,
-                    clock=time.perf_counter) -> float | None:
+                    clock=time.perf_counter, cancel=None) -> float | None:
     """The held-out loss when the schedule says it is due (timed into it), else
-    None; None also for a run that holds out nothing."""
+    None; None also for a run that holds out nothing. cancel: passed to
+    heldout_loss (Cancelled propagates; the schedule counts nothing then)."""
     if runner.holdout == 0 or not schedule.due(finished):
         return None
     start = clock()
-    loss = runner.heldout_loss()
+    loss = runner.heldout_loss() if cancel is None else runner.heldout_loss(cancel=cancel)
     schedule.evaluated(clock() - start)
     return loss

@@ -242,5 +242,5 @@ def extend_backend(backend, num_steps: int):
 
     state = backend.get_state()
     checkpoint = Checkpoint(backend.model, backend.train_config, backend.corpus, state.params, state.m, state.v,
-                            state.step, backend.loss_history, backend.name)
+                            state.step, backend.loss_history, backend.name, backend.heldout_history)
     return load_checkpoint(checkpoint, backend=backend.name, num_steps=num_steps)

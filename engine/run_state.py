@@ -38,6 +38,12 @@ class RunInfo:
     vocab_size: int
     num_docs: int
     step: int
+    holdout: int = 0  # documents held out (resolved: the default is a count here)
+
+    @property
+    def train_docs(self) -> int:
+        """Documents the run trains on: an epoch is this many names."""
+        return self.num_docs - self.holdout
 
 
 # ---- commands: window -> worker ---------------------------------------------------------
@@ -146,6 +152,15 @@ class Losses(Event):
     losses: np.ndarray
     first_step: int
     seconds: float  # the time they took; NaN: not timed (e.g. from a checkpoint)
+
+
+@dataclass(frozen=True)
+class Heldout(Event):
+    """Held-out evaluations (engine.learning.HeldoutPoint): one after a chunk or at
+    the end, or a checkpoint's whole history when it opens (replacing: True)."""
+
+    points: tuple
+    replacing: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ history's CSV (the window's Export loss).
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from .config import PRESETS, ModelConfig, TrainConfig
 from .memory import grown
 
 CUSTOM = "custom"
-LOSS_CSV_HEADER = "step,loss,smoothed"  # steps count from 1, as the window's do
+LOSS_CSV_HEADER = "step,loss,smoothed,heldout"  # steps count from 1, as the window's do
 MAX_POINTS = 8192  # what an ended run keeps of its curve
 
 
@@ -48,6 +49,31 @@ class RunRecord:
     _ms_per_step: float | None = field(default=None, init=False, repr=False)
     _losses: np.ndarray = field(default_factory=lambda: np.empty(256, dtype=np.float32), init=False, repr=False)
     _step_seconds: np.ndarray = field(default_factory=lambda: np.empty(256), init=False, repr=False)
+    # held-out evaluations (engine.learning.HeldoutPoint), by step: few, never compacted
+    heldout: list = field(default_factory=list, init=False, repr=False)
+
+    def add_heldout(self, points, replacing: bool = False) -> None:
+        """Held-out points after the ones kept; replacing: the run's whole history (a
+        checkpoint's). A point at or before a kept one's step replaces what follows."""
+        if replacing:
+            self.heldout = []
+        for point in points:
+            while self.heldout and self.heldout[-1].step >= point.step:
+                self.heldout.pop()
+            self.heldout.append(point)
+
+    @property
+    def best_heldout(self) -> float:
+        return min((p.loss for p in self.heldout), default=float("nan"))
+
+    @property
+    def final_heldout(self) -> float:
+        return self.heldout[-1].loss if self.heldout else float("nan")
+
+    @property
+    def names_per_second(self) -> float:
+        """Training documents per second of training (NaN when no step was timed)."""
+        return self.train.batch_size * 1e3 / self.ms_per_step
 
     @property
     def preset(self) -> str:
@@ -107,6 +133,17 @@ class RunRecord:
         total = np.cumsum(np.nan_to_num(per_step, nan=0.0))
         return np.where(np.isnan(per_step), np.nan, total)
 
+    def seconds_at(self, steps) -> np.ndarray:
+        """Training time after each of `steps` (counted from 1), interpolated between
+        the points' ends; NaN where unknown (untimed, or past the record)."""
+        ends = np.minimum(self.x + self.block, self.steps)  # the step each point ends at
+        seconds = self.wall_seconds()
+        timed = ~np.isnan(seconds)
+        steps = np.asarray(steps, dtype=np.float64)
+        if not timed.any():
+            return np.full(len(steps), np.nan)
+        return np.interp(steps, ends[timed], seconds[timed], left=np.nan, right=np.nan)
+
     @property
     def ms_per_step(self) -> float:
         """Mean wall-clock milliseconds per timed step; NaN when no step was timed."""
@@ -116,14 +153,28 @@ class RunRecord:
         return float(1e3 * timed.mean()) if len(timed) else float("nan")
 
 
-def write_loss_csv(path: str | os.PathLike, steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray) -> str:
-    """`step,loss,smoothed` rows, written beside path and then renamed: a write cut
+def loss_csv_lines(steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray, heldout=()) -> list[str]:
+    """The CSV's rows: `step,loss,smoothed,heldout`, heldout empty but at the steps
+    evaluated (heldout: HeldoutPoints; one after step s is on row s)."""
+    body = io.StringIO()
+    np.savetxt(body, np.column_stack([steps, losses, smoothed]), fmt=["%d", "%.6f", "%.6f"], delimiter=",")
+    lines = [line + "," for line in body.getvalue().splitlines()]
+    for point in heldout:
+        i = int(np.searchsorted(steps, point.step))  # steps rise
+        if i < len(steps) and steps[i] == point.step:
+            lines[i] += f"{point.loss:.6f}"
+    return [LOSS_CSV_HEADER, *lines]
+
+
+def write_loss_csv(path: str | os.PathLike, steps: np.ndarray, losses: np.ndarray, smoothed: np.ndarray,
+                   heldout=()) -> str:
+    """The loss CSV (loss_csv_lines), written beside path and then renamed: a write cut
     short (the app quit meanwhile) never leaves a truncated CSV under the user's name."""
     path = os.fspath(path)
     partial = f"{path}.part"
-    table = np.column_stack([steps, losses, smoothed])
     try:
-        np.savetxt(partial, table, fmt=["%d", "%.6f", "%.6f"], delimiter=",", header=LOSS_CSV_HEADER, comments="")
+        with open(partial, "w", encoding="utf-8", newline="\n") as f:
+            f.write("\n".join(loss_csv_lines(steps, losses, smoothed, heldout)) + "\n")
         os.replace(partial, path)
     except BaseException:
         with contextlib.suppress(OSError):

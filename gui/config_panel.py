@@ -16,6 +16,9 @@ import engine
 MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
 LIMITS = engine.config.FIELD_LIMITS  # the engine's ranges: a checkpoint outside them is refused
 FIELD_RANGES = {name: LIMITS["model." + name] for name in MODEL_FIELDS}
+AUTO_HOLDOUT = -1  # the Held-out field's "auto": engine.batches.default_holdout
+BATCH_TIP = ("Documents (names) per step: each step trains on the next B of them (padded and masked) with one Adam "
+             "update; 1 is microgpt's")
 INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native frame and arrows stay)
 
 
@@ -115,9 +118,23 @@ class ConfigPanel(QWidget):
         self.warmup_spin.setGroupSeparatorShown(True)
         self.warmup_spin.setSpecialValueText("none")  # 0: microgpt's schedule, full rate from step 1
         self.warmup_spin.setToolTip("Steps over which the learning rate rises linearly to its full value")
+        self.batch_spin = QSpinBox(objectName="batchSpin", minimum=1, maximum=LIMITS["train.batch_size"][1])
+        self.batch_spin.setToolTip(BATCH_TIP)
+        self.holdout_spin = QSpinBox(objectName="holdoutSpin", minimum=AUTO_HOLDOUT,
+                                     maximum=LIMITS["train.holdout"][1], suffix=" documents")
+        self.holdout_spin.setGroupSeparatorShown(True)
+        self.holdout_spin.setSpecialValueText("auto")  # at the minimum: min(1,000, 10% of the documents)
+        self.holdout_spin.setToolTip("Documents (names) held out of training to measure the held-out loss on "
+                                     "(the last of the training order): auto is min(1,000, 10% of the "
+                                     "documents); 0 turns it off")
+        steps_row = QHBoxLayout()
+        steps_row.addWidget(self.steps_spin, 3)
+        steps_row.addWidget(QLabel("Batch", buddy=self.batch_spin))
+        steps_row.addWidget(self.batch_spin, 1)
         train_box = QGroupBox("Training")
         train_form = QFormLayout(train_box)
-        train_form.addRow("Steps", self.steps_spin)
+        train_form.addRow("Steps", steps_row)
+        train_form.addRow("Held out", self.holdout_spin)
         train_form.addRow("Learning rate", self.lr_spin)
         train_form.addRow("Init std", self.std_spin)
         train_form.addRow("Seed", self.seed_spin)
@@ -189,6 +206,8 @@ class ConfigPanel(QWidget):
             self.seed_spin.setValue(train.seed)
             # a checkpoint's may exceed the field's int range (setValue would raise)
             self.warmup_spin.setValue(min(train.warmup_steps, self.warmup_spin.maximum()))
+            self.batch_spin.setValue(train.batch_size)
+            self.holdout_spin.setValue(AUTO_HOLDOUT if train.holdout is None else train.holdout)
         finally:
             self._filling = False
         self._on_changed()
@@ -214,7 +233,13 @@ class ConfigPanel(QWidget):
     def train_config(self) -> engine.TrainConfig:
         return engine.TrainConfig(num_steps=self.steps_spin.value(), learning_rate=self.lr_spin.value(),
                                   init_std=self.std_spin.value(), seed=self.seed_spin.value(),
-                                  warmup_steps=self.warmup_spin.value())
+                                  warmup_steps=self.warmup_spin.value(), batch_size=self.batch_spin.value(),
+                                  holdout=self.holdout())
+
+    def holdout(self) -> int | None:
+        """The Held-out field as TrainConfig.holdout (None: auto)."""
+        value = self.holdout_spin.value()
+        return None if value == AUTO_HOLDOUT else value
 
     def problem(self) -> str:
         """Why Train cannot start with these settings ('' when it can)."""
@@ -257,7 +282,8 @@ class ConfigPanel(QWidget):
     def _named_spins(self) -> list[tuple[str, QSpinBox | QDoubleSpinBox]]:
         """Every config field, by its engine name (also its settings key)."""
         return [*self.fields.items(), ("num_steps", self.steps_spin), ("learning_rate", self.lr_spin),
-                ("init_std", self.std_spin), ("seed", self.seed_spin), ("warmup_steps", self.warmup_spin)]
+                ("init_std", self.std_spin), ("seed", self.seed_spin), ("warmup_steps", self.warmup_spin),
+                ("batch_size", self.batch_spin), ("holdout", self.holdout_spin)]
 
     def save_settings(self, settings) -> None:
         settings.setValue("preset", self.preset_combo.currentText())

@@ -10,6 +10,7 @@ the session, filled as the losses arrive, with its dataset.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from PySide6.QtCore import QObject
@@ -124,6 +125,9 @@ class ExploreController(QObject):
         elif isinstance(event, rs.Losses) and self.run_record is not None:
             self.run_record.extend(event.losses, event.first_step, event.seconds)  # NaN stays NaN per step
             self.run_list.update_run(self.run_record)
+        elif isinstance(event, rs.Heldout) and self.run_record is not None:
+            self.run_record.add_heldout(event.points, event.replacing)
+            self.run_list.update_run(self.run_record)
         elif isinstance(event, rs.SnapshotReady):
             self.inspect_hub.set_snapshot(event.snapshot)
         elif isinstance(event, rs.Samples) and event.prefix is not None:
@@ -131,12 +135,13 @@ class ExploreController(QObject):
         elif isinstance(event, rs.Diverged):
             self._set_status("diverged")
         elif isinstance(event, rs.Extended) and self.run_record is not None:
-            self.run_record.train = self.run.train
+            self.run_record.train = replace(self.run.train, holdout=self.run_record.train.holdout)
             self._record_phase(self.run.phase)
 
     def _add_record(self, event: rs.Opened) -> None:
         info, dataset = event.info, self.run.dataset
-        self.run_record = RunRecord(f"run {self.run_list.count + 1}", info.backend, info.model, info.train,
+        train = replace(info.train, holdout=info.holdout)  # the count (auto resolved): runs compare by it
+        self.run_record = RunRecord(f"run {self.run_list.count + 1}", info.backend, info.model, train,
                                     status="loaded" if event.from_checkpoint else "running",
                                     dataset=dataset.name if dataset else "",
                                     dataset_hash=dataset.content_hash if dataset else "")

@@ -171,8 +171,9 @@ class FileController(QObject):
 
     # exports ------------------------------------------------------------------
     def export_csv(self, path: str | None = None) -> None:
-        """step,loss,smoothed from the plot's own copy; written off the GUI thread (`exported`)."""
+        """step,loss,smoothed,heldout from the plot's own copy; written off the GUI thread (`exported`)."""
         steps, losses, smoothed = self.loss_plot.data()
+        heldout = list(self.loss_plot.heldout)
         if not len(losses):
             self.notify.show_message("info", "Nothing to export", "There is no loss history yet.")
             return
@@ -181,7 +182,7 @@ class FileController(QObject):
             if not path:
                 return
         path = str(path)
-        run_in_background(write_loss_csv, path, steps, losses, smoothed, parent=self, name="export-csv",
+        run_in_background(write_loss_csv, path, steps, losses, smoothed, heldout, parent=self, name="export-csv",
                           on_done=self._on_csv_written, on_failed=lambda exc: self._on_csv_failed(path, exc))
 
     def _on_csv_written(self, path: str) -> None:

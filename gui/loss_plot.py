@@ -1,6 +1,8 @@
 """The live loss plot: every step's loss as a thin curve, its exponential moving
-average (TensorBoard's smoothing, debiased) on top, a dashed line at ln(vocab)
-(the loss of guessing uniformly), a log-y toggle and a hover read-out.
+average (TensorBoard's smoothing, debiased) on top, the held-out loss as its
+own curve with markers (one per evaluation), a dashed line at ln(vocab) (the
+loss of guessing uniformly), an x axis of steps, names seen or training time
+(gui/plot_axes.py), a log-y toggle and a hover read-out.
 
 The curve data is a display copy of the worker's losses in growing numpy
 buffers (amortized doubling, gui/loss_series.py); redraws are throttled, and
@@ -17,12 +19,14 @@ import time
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
-from .controls import plot_widget
+from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema  # noqa: F401  (ema: the plot's smoothing, for callers)
+from .plot_axes import AXES, SECONDS, STEP, StepClock, axis_label, step_of_x, x_values
 
 MIN_REDRAW_MS = 40  # at most 25 redraws a second; fewer if a redraw gets slow
+HELDOUT_COLOR = (213, 94, 0)  # vermilion: apart from the blues of the training curves
 
 
 class LossPlot(QWidget):
@@ -38,6 +42,9 @@ class LossPlot(QWidget):
         self._resmoother.done.connect(self._schedule)
         self.redraws = 0  # counted for the responsiveness probe
         self._vocab_size = 0
+        self.clock = StepClock()  # each step's training time, for the time axis
+        self.heldout: list = []   # engine.learning.HeldoutPoint, by step
+        self.batch_size, self.train_docs, self._num_steps = 1, 0, 0
 
         self.plot = plot_widget("lossPlot", "")
         item = self.plot.getPlotItem()
@@ -54,6 +61,10 @@ class LossPlot(QWidget):
         for curve in (self.raw_curve, self.smooth_curve):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
+        # few points (an evaluation takes at most a tenth of the training time): drawn whole, markers on
+        self.heldout_curve = pg.PlotDataItem(pen=pg.mkPen(HELDOUT_COLOR, width=2), symbol="o", symbolSize=7,
+                                             symbolPen=pg.mkPen(HELDOUT_COLOR), symbolBrush=pg.mkBrush(HELDOUT_COLOR))
+        item.addItem(self.heldout_curve)  # in the legend once it has a point
         dashed = pg.mkPen((200, 60, 60), width=1, style=Qt.DashLine)
         self.uniform_line = pg.InfiniteLine(angle=0, movable=False, pen=dashed)
         self.uniform_line.setVisible(False)
@@ -68,6 +79,11 @@ class LossPlot(QWidget):
         self.smoothing_slider.setToolTip("Smoothing weight of the exponential moving average (0 to 0.999)")
         self.smoothing_label = QLabel()
         self.log_y = QCheckBox("log y", objectName="logYCheck")
+        self.x_axis_combo = QComboBox(objectName="lossXAxisCombo")
+        for key, text in AXES:
+            self.x_axis_combo.addItem(text, key)
+        self.x_axis_combo.setToolTip("Plot the losses by step, by names seen (step x batch; an epoch is every "
+                                     "training name once) or by training time (pauses and evaluations left out)")
         self.readout = QLabel(" ", objectName="plotReadout")
         self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
 
@@ -77,6 +93,9 @@ class LossPlot(QWidget):
         controls.addWidget(self.smoothing_label)
         controls.addSpacing(12)
         controls.addWidget(self.log_y)
+        controls.addSpacing(12)
+        controls.addWidget(buddy("&X axis", self.x_axis_combo))
+        controls.addWidget(self.x_axis_combo)
         controls.addSpacing(12)
         controls.addWidget(self.readout, 2)
         layout = QVBoxLayout(self)
@@ -90,6 +109,7 @@ class LossPlot(QWidget):
         self._timer.timeout.connect(self.redraw)
         self.smoothing_slider.valueChanged.connect(self._on_smoothing)
         self.log_y.toggled.connect(self.set_log_y)
+        self.x_axis_combo.currentIndexChanged.connect(self._on_x_axis)
         self._on_smoothing(self.smoothing_slider.value())
 
     # data -------------------------------------------------------------------
@@ -97,12 +117,35 @@ class LossPlot(QWidget):
     def smoothing(self) -> float:
         return self.smoothing_slider.value() / 1000
 
-    def append(self, losses: np.ndarray, first_step: int) -> None:
+    def append(self, losses: np.ndarray, first_step: int, seconds: float = float("nan")) -> None:
+        """Losses of steps first_step + 1, ... that took `seconds` of training (NaN: unknown)."""
         self.series.extend(losses, first_step)
+        self.clock.extend(first_step, len(losses), seconds)
         self._schedule()
+
+    def add_heldout(self, points, replacing: bool = False) -> None:
+        """Held-out evaluations (HeldoutPoints); replacing: the run's whole history."""
+        if replacing:
+            self.heldout = []
+        for point in points:
+            while self.heldout and self.heldout[-1].step >= point.step:  # rewound: a new history
+                self.heldout.pop()
+            self.heldout.append(point)
+        self._show_heldout_in_legend()
+        self._schedule()
+
+    def set_run(self, batch_size: int, train_docs: int) -> None:
+        """The run's names per step and training names (the names-seen axis)."""
+        self.batch_size, self.train_docs = batch_size, train_docs
+        self._set_axis_label()
 
     def clear(self) -> None:
         self.series = GrowingSeries(self.smoothing)
+        self.clock = StepClock()
+        self.heldout = []
+        self._num_steps = 0
+        self.set_run(1, 0)  # no run: no epoch on the names axis
+        self._show_heldout_in_legend()
         view = self.plot.getPlotItem().vb
         view.setRange(xRange=(0, 1), yRange=(0, 1), padding=0, disableAutoRange=False)  # as at start
         view.enableAutoRange(x=True, y=True)
@@ -110,10 +153,33 @@ class LossPlot(QWidget):
 
     def follow_run(self, num_steps: int) -> None:
         """Span the run's whole length on x, so the curve is seen arriving from the left
-        (the y axis keeps fitting the losses; zooming or "A" work as usual)."""
+        (the y axis keeps fitting the losses; zooming or "A" work as usual). The
+        time axis, whose end is not known, fits the curve."""
+        self._num_steps = num_steps
         view = self.plot.getPlotItem().vb
+        if self.x_axis == SECONDS:
+            view.enableAutoRange(x=True, y=True)
+            return
         view.enableAutoRange(x=False, y=True)
-        view.setXRange(0, max(num_steps, 1), padding=0.02)
+        end = x_values(self.x_axis, np.array([max(num_steps, 1)]), self.batch_size, self.clock)[0]
+        view.setXRange(0, end, padding=0.02)
+
+    @property
+    def x_axis(self) -> str:
+        return self.x_axis_combo.currentData()
+
+    def set_x_axis(self, axis: str) -> None:
+        index = self.x_axis_combo.findData(axis)
+        if index >= 0:  # a hand-edited setting names no axis: keep the one shown
+            self.x_axis_combo.setCurrentIndex(index)
+
+    def heldout_xy(self) -> tuple[np.ndarray, np.ndarray]:
+        """The held-out points as drawn: x on the current axis, and their losses."""
+        steps = np.array([p.step for p in self.heldout], dtype=np.int64)
+        x = x_values(self.x_axis, steps, self.batch_size, self.clock)
+        y = np.array([p.loss for p in self.heldout], dtype=np.float64)
+        shown = ~np.isnan(x)  # the time axis has no time for a checkpoint's steps
+        return x[shown], y[shown]
 
     def set_vocab_size(self, vocab_size: int) -> None:
         self._vocab_size = vocab_size
@@ -152,8 +218,18 @@ class LossPlot(QWidget):
     def redraw(self) -> None:
         started = time.thread_time()  # CPU time: waiting for the GIL or a core is not cost
         s = self.series
-        self.raw_curve.setData(s.steps, s.losses)
-        self.smooth_curve.setData(s.steps, s.smoothed)
+        if self.x_axis == STEP:  # the common case: no copies
+            self.raw_curve.setData(s.steps, s.losses)
+            self.smooth_curve.setData(s.steps, s.smoothed)
+        elif self.x_axis == SECONDS:  # slices, no copies: a checkpoint's untimed steps are left off
+            timed = self.clock.timed
+            self.raw_curve.setData(self.clock.t[timed], s.y[timed])
+            self.smooth_curve.setData(self.clock.t[timed], s.smooth[timed])
+        else:
+            x = x_values(self.x_axis, s.steps, self.batch_size, self.clock)
+            self.raw_curve.setData(x, s.losses)
+            self.smooth_curve.setData(x, s.smoothed)
+        self.heldout_curve.setData(*self.heldout_xy())
         self.redraws += 1
         # a slow redraw (huge series, slow machine) gets more room before the next one
         spent_ms = 1000 * (time.thread_time() - started)
@@ -184,6 +260,24 @@ class LossPlot(QWidget):
         self.uniform_line.setVisible(True)
         self.legend.addItem(self.uniform_sample, self.uniform_label())
 
+    def _show_heldout_in_legend(self) -> None:
+        """The held-out entry is in the legend while there is a held-out point."""
+        self.legend.removeItem(self.heldout_curve)
+        if self.heldout:
+            self.legend.addItem(self.heldout_curve, "held-out")
+
+    def _on_x_axis(self, *_) -> None:
+        self._set_axis_label()
+        self.redraw()
+        if self._num_steps:
+            self.follow_run(self._num_steps)
+        else:
+            self.plot.getPlotItem().vb.enableAutoRange(x=True, y=True)
+
+    def _set_axis_label(self) -> None:
+        label, units = axis_label(self.x_axis, self.train_docs)
+        self.plot.getPlotItem().setLabel("bottom", label, units=units)
+
     def uniform_label(self) -> str:
         return f"uniform guess, ln {self._vocab_size}"
 
@@ -192,5 +286,13 @@ class LossPlot(QWidget):
         view = self.plot.getPlotItem().vb
         if not s.n or not view.sceneBoundingRect().contains(pos):
             return
-        i = min(max(int(round(view.mapSceneToView(pos).x())) - 1, 0), s.n - 1)  # steps count from 1
-        self.readout.setText(f"step {i + 1:,}: loss {s.y[i]:.4f}, smoothed {s.smooth[i]:.4f}")
+        step = step_of_x(self.x_axis, view.mapSceneToView(pos).x(), self.batch_size, self.clock)
+        i = min(max(step - 1, 0), s.n - 1)  # steps count from 1
+        text = f"step {i + 1:,}: loss {s.y[i]:.4f}, smoothed {s.smooth[i]:.4f}"
+        names = (i + 1) * self.batch_size
+        if self.train_docs and (self.batch_size > 1 or names >= self.train_docs):  # as the status bar
+            text += f", epoch {names / self.train_docs:.2f}"
+        before = [p for p in self.heldout if p.step <= i + 1]
+        if before:
+            text += f"; held-out {before[-1].loss:.4f} at step {before[-1].step:,}"
+        self.readout.setText(text)

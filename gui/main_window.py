@@ -126,7 +126,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self.status_labels = {key: QLabel(" ", objectName=f"status_{key}")
-                              for key in ("backend", "params", "step", "loss", "smoothed")}
+                              for key in ("backend", "params", "step", "loss", "smoothed", "heldout")}
         for label in self.status_labels.values():
             self.statusBar().addPermanentWidget(label)
 
@@ -322,6 +322,7 @@ class MainWindow(QMainWindow):
         self.sample_panel.count_spin.setValue(int(s.value("sampling/count", 10)))
         self.loss_plot.smoothing_slider.setValue(int(s.value("plot/smoothing", 950)))
         self.loss_plot.set_log_y(str(s.value("plot/log_y", "false")).lower() == "true")
+        self.loss_plot.set_x_axis(str(s.value("plot/x_axis", "step")))
         self.ask_before_discarding = str(s.value("runs/ask_to_save", "true")).lower() == "true"
         try:
             self.files.set_autosave_minutes(int(s.value("runs/autosave_minutes", 0)))
@@ -339,6 +340,7 @@ class MainWindow(QMainWindow):
         s.setValue("sampling/count", self.sample_panel.count_spin.value())
         s.setValue("plot/smoothing", self.loss_plot.smoothing_slider.value())
         s.setValue("plot/log_y", self.loss_plot.log_y.isChecked())
+        s.setValue("plot/x_axis", self.loss_plot.x_axis)
         s.setValue("runs/ask_to_save", self.ask_before_discarding)
         s.setValue("runs/autosave_minutes", self.files.autosave_minutes)
         s.setValue("view/tab", self.tabs.currentIndex())
@@ -354,6 +356,14 @@ class MainWindow(QMainWindow):
         labels["params"].setText(f"Params: {params:,}" if params else "Params: -")
         labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {run.train.num_steps:,}" if has_run
                                else "Step -")
-        last = self.loss_plot.last()
+        plot = self.loss_plot
+        names = plot.series.n * plot.batch_size
+        # the epoch once it says something (batches, or past the first); names seen in the
+        # tooltip (the progress bar shows both)
+        if has_run and plot.train_docs and (plot.batch_size > 1 or names >= plot.train_docs):
+            labels["step"].setText(labels["step"].text() + f" · epoch {names / plot.train_docs:.2f}")
+        labels["step"].setToolTip(f"{names:,} names seen (step x batch size {plot.batch_size})" if has_run else "")
+        last = plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")
         labels["smoothed"].setText(f"Smoothed {last[1]:.4f}" if last else "Smoothed -")
+        labels["heldout"].setText(f"Held-out {plot.heldout[-1].loss:.4f}" if plot.heldout else "Held-out -")

@@ -261,17 +261,22 @@ class RunController(QObject):
         w.config_panel.set_configs(info.model, info.train)
         w.config_panel.select_backend(info.backend)
         w.loss_plot.set_vocab_size(info.vocab_size)
+        w.loss_plot.set_run(info.train.batch_size, info.train_docs)
         w.loss_plot.follow_run(info.train.num_steps)
+        self.progress.set_run(info.train.batch_size, info.train_docs)
         w.progress_bar.setRange(0, info.train.num_steps)
         w.progress_bar.setValue(info.step)
         w.sample_panel.set_block_size(info.model.block_size)  # no name is longer than the model's context
         self.run.opened(event, dataset, path)
 
     def _on_losses(self, event: rs.Losses) -> None:
-        self.w.loss_plot.append(event.losses, event.first_step)  # progress and status follow its redraw
+        self.w.loss_plot.append(event.losses, event.first_step, event.seconds)  # progress, status follow its redraw
         step = event.first_step + len(event.losses)
         self.run.trained_to(step)
         self.progress.trained_to(step, self.run.phase == Phase.RUNNING)
+
+    def _on_heldout(self, event: rs.Heldout) -> None:
+        self.w.loss_plot.add_heldout(event.points, event.replacing)
 
     def _on_samples(self, event: rs.Samples) -> None:
         if event.prefix is None:
@@ -303,7 +308,8 @@ class RunController(QObject):
     def _on_phase(self, event: rs.PhaseChanged) -> None:
         self.run.report(event.phase)
 
-    _HANDLERS = {rs.Opened: _on_opened, rs.Losses: _on_losses, rs.Samples: _on_samples, rs.Saved: _on_saved,
+    _HANDLERS = {rs.Opened: _on_opened, rs.Losses: _on_losses, rs.Heldout: _on_heldout, rs.Samples: _on_samples,
+                 rs.Saved: _on_saved,
                  rs.Extended: _on_extended, rs.Status: _on_status, rs.Error: _on_error,
                  rs.PhaseChanged: _on_phase}
 

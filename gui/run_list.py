@@ -1,8 +1,11 @@
 """The run list and overlay: every run of the session in a table (preset,
-backend, learning rate, steps, final smoothed loss, ms/step, dataset);
-ticking runs overlays their smoothed loss curves in distinct colours with a
-legend, as TensorBoard's run selector does. The x axis is the step or the
-wall-clock training time, so backends can be compared by time. Runs trained
+backend, learning rate, batch, steps, final smoothed loss, best and final
+held-out loss, ms/step, names/s, dataset); ticking runs overlays their
+smoothed training loss curves, or their held-out loss (markers: comparable
+across runs, unlike a training curve that follows which names came last),
+in distinct colours with a legend, as TensorBoard's run selector does. The x
+axis is the step, the names seen (runs of different batch sizes side by
+side) or the wall-clock training time, so backends can be compared by time. Runs trained
 on another dataset than the reference (the current run's, or the open one)
 are marked: their rows greyed, their curves dashed, "other dataset" in the
 legend, since their losses are not comparable.
@@ -16,12 +19,10 @@ runs can be removed (Remove, or the Delete key).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QIcon, QKeySequence, QPixmap, QShortcut
+from PySide6.QtGui import QColor, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -29,23 +30,17 @@ from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema
+from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height  # noqa: F401  (COLUMNS: for callers)
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
            (120, 120, 120), (148, 103, 189), (140, 86, 75), (188, 189, 34)]
-COLUMNS = ["Run", "Preset", "Backend", "LR", "Steps", "Smoothed loss", "ms/step", "Dataset", "Status"]
 MAX_CHECKED = 8  # a new run unticks the oldest ticked one past this
 OTHER_DATASET = "other dataset"
-STEP, SECONDS = "step", "seconds"
+STEP, NAMES, SECONDS = "step", "names", "seconds"
+TRAINING, HELDOUT = "training", "heldout"  # what the overlay plots
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
-TABLE_ROWS = 6  # runs in view before the table scrolls
 TIME_AXIS = "training time"
-
-
-def table_height(table: QTableWidget, rows: int) -> int:
-    """The height that shows the header and `rows` rows."""
-    return (table.horizontalHeader().sizeHint().height() + rows * table.verticalHeader().defaultSectionSize()
-            + 2 * table.frameWidth())
 
 
 class RunListPanel(QWidget):
@@ -76,8 +71,15 @@ class RunListPanel(QWidget):
         self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
         self.x_axis_combo.addItem("step", STEP)
+        self.x_axis_combo.addItem("names seen", NAMES)
         self.x_axis_combo.addItem(TIME_AXIS, SECONDS)  # the axis's own words (it adds the unit)
-        self.x_axis_combo.setToolTip("Compare runs by step, or by training time (pauses left out)")
+        self.x_axis_combo.setToolTip("Compare runs by step, by names seen (step x batch) or by training time "
+                                     "(pauses left out)")
+        self.y_combo = QComboBox(objectName="runYCombo")
+        self.y_combo.addItem("smoothed training loss", TRAINING)
+        self.y_combo.addItem("held-out loss", HELDOUT)
+        self.y_combo.setToolTip("The held-out loss is measured on the same held-out names throughout a run: "
+                                "comparable across runs (of one dataset and held-out count)")
         self.plot = plot_widget("runOverlayPlot", "Smoothed loss of each ticked run")
         item = self.plot.getPlotItem()
         item.setLabel("left", "smoothed loss")
@@ -91,6 +93,8 @@ class RunListPanel(QWidget):
         delete.activated.connect(self.remove_selected)
 
         controls = QHBoxLayout()
+        controls.addWidget(buddy("&Plot", self.y_combo))
+        controls.addWidget(self.y_combo)
         controls.addWidget(buddy("&X axis", self.x_axis_combo))
         controls.addWidget(self.x_axis_combo)
         controls.addStretch(1)
@@ -108,12 +112,14 @@ class RunListPanel(QWidget):
         splitter.setStretchFactor(1, 3)
         layout = QVBoxLayout(self)
         layout.addWidget(splitter)
-        QWidget.setTabOrder(self.table, self.x_axis_combo)
+        QWidget.setTabOrder(self.table, self.y_combo)
+        QWidget.setTabOrder(self.y_combo, self.x_axis_combo)
 
         self._timer = QTimer(self, singleShot=True, interval=UPDATE_MS)
         self._timer.timeout.connect(self._flush)
         self.table.itemChanged.connect(self._on_item_changed)
         self.x_axis_combo.currentIndexChanged.connect(self._on_x_axis)
+        self.y_combo.currentIndexChanged.connect(self._on_y)
         self._set_axis_label()
 
     # runs -------------------------------------------------------------------
@@ -134,7 +140,7 @@ class RunListPanel(QWidget):
             cell.setFlags(flags | Qt.ItemIsUserCheckable if col == 0 else flags)
             self.table.setItem(row, col, cell)
         self.table.item(row, 0).setCheckState(Qt.Checked if checked else Qt.Unchecked)
-        self.table.item(row, 0).setIcon(_swatch(self._colors[id(record)]))
+        self.table.item(row, 0).setIcon(swatch(self._colors[id(record)]))
         self.table.blockSignals(False)
         self._fill_row(row)
         self._draw(record)
@@ -214,6 +220,14 @@ class RunListPanel(QWidget):
     def set_x_axis(self, axis: str) -> None:
         self.x_axis_combo.setCurrentIndex(self.x_axis_combo.findData(axis))
 
+    @property
+    def y_values(self) -> str:
+        """What the overlay plots: TRAINING (smoothed) or HELDOUT."""
+        return self.y_combo.currentData()
+
+    def set_y_values(self, what: str) -> None:
+        self.y_combo.setCurrentIndex(self.y_combo.findData(what))
+
     def _series_of(self, record: RunRecord) -> GrowingSeries:
         """The record's steps and smoothed losses (the EMA of the loss plot, per block
         of a compacted record), extended by the points it gained since the last call
@@ -245,10 +259,7 @@ class RunListPanel(QWidget):
     def _fill_row(self, row: int) -> None:
         r = self.runs[row]
         smoothed = self.smoothed(r)
-        ms = r.ms_per_step
-        values = [r.name, r.preset, r.backend, f"{r.train.learning_rate:g}", f"{r.steps:,}",
-                  f"{smoothed[-1]:.4f}" if len(smoothed) else "-", "-" if math.isnan(ms) else f"{ms:.3g}",
-                  r.dataset or "-", r.status]
+        values = row_texts(r, smoothed)
         comparable = self.comparable(r)
         font = QFont(self.table.font())
         font.setItalic(not comparable)
@@ -264,13 +275,27 @@ class RunListPanel(QWidget):
         self.table.blockSignals(False)
 
     def _xy(self, record: RunRecord) -> tuple[np.ndarray, np.ndarray]:
+        if self.y_values == HELDOUT:
+            return self._heldout_xy(record)
         series = self._series_of(record)
         y = series.smooth[: series.n]
         if self.x_axis == STEP:
             return series.steps, y
+        if self.x_axis == NAMES:
+            return series.steps * record.train.batch_size, y
         x = record.wall_seconds()
         timed = ~np.isnan(x)
         return x[timed], y[timed]
+
+    def _heldout_xy(self, record: RunRecord) -> tuple[np.ndarray, np.ndarray]:
+        steps = np.array([p.step for p in record.heldout], dtype=np.float64)
+        y = np.array([p.loss for p in record.heldout], dtype=np.float64)
+        if self.x_axis == NAMES:
+            return steps * record.train.batch_size, y
+        if self.x_axis == SECONDS:
+            x = record.seconds_at(steps)
+            return x[~np.isnan(x)], y[~np.isnan(x)]
+        return steps, y
 
     def _draw(self, record: RunRecord) -> None:
         if not self.is_checked(record):
@@ -285,9 +310,14 @@ class RunListPanel(QWidget):
         pen = pg.mkPen(*self._colors[id(record)], width=2, style=Qt.SolidLine if comparable else Qt.DashLine)
         label = f"{record.name}: {record.preset}, {record.backend}, lr {record.train.learning_rate:g}"
         label += "" if comparable else f" ({OTHER_DATASET}: {record.dataset})"
-        curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, autoDownsampleFactor=1.0)
-        curve.setClipToView(True)
-        curve.setDownsampling(auto=True, method="peak")
+        if self.y_values == HELDOUT:  # few points: markers, drawn whole
+            color = self._colors[id(record)]
+            curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, symbol="o", symbolSize=6,
+                                                 symbolPen=pg.mkPen(color), symbolBrush=pg.mkBrush(color))
+        else:
+            curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, autoDownsampleFactor=1.0)
+            curve.setClipToView(True)
+            curve.setDownsampling(auto=True, method="peak")
         self.curves[id(record)] = curve
 
     def _undraw(self, record: RunRecord) -> None:
@@ -313,6 +343,12 @@ class RunListPanel(QWidget):
             item.setXRange(min(b[0] for b in bounds), max(b[1] for b in bounds))
         item.enableAutoRange()
 
+    def _on_y(self, *_) -> None:
+        """Another quantity: curves of another style (markers) and axis label."""
+        for record in self.runs:
+            self._undraw(record)
+        self._on_x_axis()
+
     def showEvent(self, event) -> None:
         super().showEvent(event)
         self._flush()
@@ -334,24 +370,30 @@ class RunListPanel(QWidget):
             self.checkedChanged.emit()
 
     def _set_axis_label(self) -> None:
+        item = self.plot.getPlotItem()
+        item.setLabel("left", "held-out loss" if self.y_values == HELDOUT else "smoothed loss")
         if self.x_axis == STEP:
-            self.plot.getPlotItem().setLabel("bottom", "step", units=None)
+            item.setLabel("bottom", "step", units=None)
+        elif self.x_axis == NAMES:
+            item.setLabel("bottom", "names seen", units=None)
         else:  # pyqtgraph picks ms, s or ks from the range
-            self.plot.getPlotItem().setLabel("bottom", TIME_AXIS, units="s")
+            item.setLabel("bottom", TIME_AXIS, units="s")
 
     def _show_info(self) -> None:
         checked = self.checked_runs()
         untimed = [r.name for r in checked if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]
         other = [r.name for r in checked if not self.comparable(r)]
         lines = []
+        if self.y_values == HELDOUT:
+            unmeasured = [r.name for r in checked if not r.heldout]
+            if unmeasured:
+                lines.append(f"No held-out loss for {', '.join(unmeasured)} (held out 0, or not evaluated yet).")
+            counts = {r.train.holdout for r in checked if r.heldout}
+            if len(counts) > 1:
+                lines.append("The ticked runs hold out different numbers of names: their held-out losses "
+                             "are measured on different names.")
         if untimed:
             lines.append(f"No step times for {', '.join(untimed)} (loaded from a checkpoint): not on the time axis.")
         if other:
             lines.append(f"{', '.join(other)} trained on another dataset (dashed): not comparable with the others.")
         self.info.setText(" ".join(lines) or " ")
-
-
-def _swatch(color: tuple[int, int, int]) -> QIcon:
-    pixmap = QPixmap(12, 12)
-    pixmap.fill(QColor(*color))
-    return QIcon(pixmap)

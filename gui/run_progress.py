@@ -44,6 +44,14 @@ def run_summary(steps: int, seconds: float) -> str:
 
 
 
+def epoch_text(step: int, batch_size: int, train_docs: int) -> str:
+    """'  ·  epoch 1.24 (38,400 names)': the passes over the training names so far."""
+    if not train_docs:
+        return ""
+    names = step * batch_size
+    return f"  ·  epoch {names / train_docs:.2f} ({names:,} names)"
+
+
 class ProgressView(QObject):
     """The progress bar of the run model's run, with the training rate it measures."""
 
@@ -53,9 +61,13 @@ class ProgressView(QObject):
         self.rate: float | None = None          # steps per second, smoothed
         self.mark: tuple[float, int] | None = None  # (time, step) of the last rate measurement
         self._opening_since = 0.0
+        self.batch_size, self.train_docs = 1, 0  # the run's names per step and training names
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self.update_text)
         self.reset()
+
+    def set_run(self, batch_size: int, train_docs: int) -> None:
+        self.batch_size, self.train_docs = batch_size, train_docs
 
     def opening(self) -> None:
         self._opening_since = time.monotonic()
@@ -93,7 +105,7 @@ class ProgressView(QObject):
         if self.run.train is None:
             return
         step, total = bar.value(), bar.maximum()
-        text = f"{step:,} / {total:,} steps"
+        text = f"{step:,} / {total:,} steps" + epoch_text(step, self.batch_size, self.train_docs)
         if phase == Phase.RUNNING and self.rate:
             text += f"  ·  {self.rate:,.0f} steps/s  ·  ETA {format_duration((total - step) / self.rate)}"
         elif phase in (Phase.PAUSED, Phase.DONE, Phase.READY):

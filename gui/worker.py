@@ -14,6 +14,11 @@ model, or an opening or a save that cannot be cut short. The worker's phase
 moves by engine.run's table. `call` names the call the worker is inside, for
 the window to show while it waits. The GUI reads no backend state: `step`,
 `train_seconds` and `loss_history()` are lock-free snapshots.
+
+Between chunks the worker also evaluates the held-out loss when
+engine.learning's HoldoutSchedule says it is due (within a tenth of the
+training time, and at the end), reported as Heldout events; a command that
+comes meanwhile cancels the evaluation between batches of documents.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 import engine
 from engine import run_state as rs
 from engine.introspect import Snapshot
+from engine.learning import HoldoutSchedule, evaluate_if_due, evaluation_estimate
 from engine.run import Phase, allows, extend_backend, next_phase
 from engine.run_state import RunInfo, RunSpec
 
@@ -59,6 +65,9 @@ class TrainingWorker(QObject):
         self._snapshots_wanted = threading.Event()  # an inspect panel is on screen
         self._next_snapshot = 0.0  # time.monotonic() after which the next one may be taken
         self._snapshot_cost = 0.0  # seconds the last snapshot took
+        self._holdout = HoldoutSchedule()  # held-out evaluations: at most its share of the training time
+        self._evaluating = True  # False once an evaluation failed: training goes on without them
+        self._diverged = False     # a diverged run's parameters are not evaluated
 
     # called from the GUI thread (never waits) ---------------------------------
     def send(self, command: rs.Command) -> None:
@@ -110,9 +119,10 @@ class TrainingWorker(QObject):
                 return
             self.step = b.step
             self._emit(rs.Opened(RunInfo(b.name, b.model, b.train_config, b.num_params, b.corpus.vocab_size,
-                                         len(b.corpus), b.step), self.spec.checkpoint is not None))
+                                         len(b.corpus), b.step, b.holdout), self.spec.checkpoint is not None))
             if b.step:
                 self._emit(rs.Losses(self.loss_history(), 0, float("nan")))
+                self._emit(rs.Heldout(tuple(b.heldout_history), replacing=True))  # a checkpoint's curve
             self._move(rs.Opened)
             if b.finished:
                 self._move(rs.Finished())
@@ -147,6 +157,10 @@ class TrainingWorker(QObject):
 
     def _loop(self) -> None:
         while not self._ending.is_set():
+            if self.phase == Phase.DONE and self._commands.empty() and not self._heldout_current():
+                # a stopped run's held-out loss where it ended, or a finished run's whose last
+                # evaluation a command cut short
+                self._evaluate(finished=True)
             try:
                 command = (self._commands.get_nowait() if self.phase == Phase.RUNNING
                            else self._commands.get())
@@ -169,6 +183,7 @@ class TrainingWorker(QObject):
             if self.backend.finished:
                 return
             self._seconds_per_step = None  # re-measure: the machine may have changed
+            self._diverged = False
         if isinstance(command, (rs.Pause, rs.Resume, rs.Stop)):
             self._move(command)
         elif isinstance(command, rs.Sample):
@@ -270,14 +285,17 @@ class TrainingWorker(QObject):
             self.step = backend.step
             self._emit(rs.Losses(self.loss_history()[first:], first, float("nan")))
             self._move(rs.Stop())
+            self._diverged = True
             self._emit(rs.Diverged(exc.step))
             self._emit(rs.Error(str(exc)))
             return
         except MemoryError:
+            self._evaluating = False  # the error says what to do; an evaluation would only add to it
             self._move(rs.Stop())
             self._emit(rs.Error("out of memory: choose a smaller model (preset) and train again"))
             return
         except Exception as exc:
+            self._evaluating = False  # e.g. a Futhark call that used up the weights
             self._move(rs.Stop())
             self._emit(rs.Error(f"training failed: {_message(exc)}", engine.error_details(exc)))
             return
@@ -289,10 +307,58 @@ class TrainingWorker(QObject):
         if len(losses):
             self._emit(rs.Losses(losses, first, elapsed))
             self._adapt_chunk(elapsed / len(losses))
+        self._holdout.trained(elapsed)
+        self._evaluate(finished=backend.finished)
         if backend.finished:
             self._move(rs.Finished())
         else:
             self._maybe_send_snapshot()
+
+    def _evaluate(self, finished: bool) -> None:
+        """The held-out loss, when the schedule says it is due (after a chunk within
+        its share of the training time, and once at the end), reported as Heldout."""
+        if not self._evaluating or self.backend is None or not self._first_evaluation_affordable(finished):
+            return
+        self.call = "evaluating the held-out loss"
+        try:
+            loss = evaluate_if_due(self.backend, self._holdout, finished, cancel=self._evaluation_cancelled)
+        except engine.Cancelled:  # a command came: it goes first, the evaluation comes again later
+            return
+        except MemoryError:
+            self._evaluating = False
+            self._emit(rs.Status("Not enough memory to evaluate the held-out loss: training goes on without it"))
+            return
+        except Exception as exc:  # training goes on: the held-out curve is a view of it
+            self._evaluating = False
+            self._emit(rs.Status(f"Cannot evaluate the held-out loss: {_message(exc)}"))
+            return
+        finally:
+            self.call = ""
+        if loss is not None:
+            self._emit(rs.Heldout((self.backend.heldout_history[-1],)))
+
+    def _heldout_current(self) -> bool:
+        """Whether the held-out curve needs no point at this step: it has one (a
+        checkpoint's, or evaluated), nothing is held out, or the run diverged."""
+        b = self.backend
+        history = b.heldout_history
+        return self._diverged or b.holdout == 0 or bool(history and history[-1].step == b.step)
+
+    def _evaluation_cancelled(self) -> bool:
+        """An evaluation gives way to any command (Pause, Stop, Save, Sample, End):
+        a large model's held-out pass can take minutes."""
+        return self._ending.is_set() or not self._commands.empty()
+
+    def _first_evaluation_affordable(self, finished: bool) -> bool:
+        """The schedule evaluates first after one chunk; here not before its guessed
+        cost fits in the schedule's share (a large model's first chunk is one step)."""
+        schedule = self._holdout
+        if finished or schedule.evaluations:
+            return True
+        if self._seconds_per_step is None:
+            return False
+        guess = evaluation_estimate(self.backend.split, self._seconds_per_step)
+        return guess <= schedule.share * schedule.train_seconds
 
     def _adapt_chunk(self, seconds_per_step: float) -> None:
         """Choose k so the next call takes about TARGET_CHUNK_S (growing at most 2x)."""

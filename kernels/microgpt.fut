@@ -10,6 +10,7 @@
 import "model"
 import "train"
 import "sample"
+import "batch"
 
 -- | What a run reads and never changes, kept in the Futhark context: the
 -- dimensions, Adam's settings, the layout (3 + 6 n_layer offsets), and the
@@ -19,7 +20,7 @@ import "sample"
 -- `blocks`: how the backward products run (model.fut's back_linear): 1
 -- for sequential C, the number of threads for multicore, 0 for a GPU.
 type model [l][n][d] =
-  {dims: dims, adam: adam, blocks: i64, layout: [l]i64,
+  {dims: dims, adam: adam, blocks: i64, batch: i64, layout: [l]i64,
    tokens: [n]i32, offsets: [d]i64, windows: [d]i64}
 
 -- | What training changes: P parameters, their Adam moments and the step.
@@ -72,11 +73,11 @@ def gram [t][n] (a: [t][n]f32): [t][t]f64 =
 def gram_dot [t] (a: [t][t]f64) (b: [t][t]f64): f64 =
   f64.sum (map2 (\r s -> f64.sum (map2 (*) r s)) a b)
 
-def gradient_norm2 [t][c][c3][f][v][l][k] (s: sources [t][c][c3][f][v][l][k]): f64 =
+def gradient_norm2 [t][c][c3][f][v][l][k] (period: i64) (s: sources [t][c][c3][f][v][l][k]): f64 =
   let add = map2 (map2 (+))
   let x0 = gram s.xs[0]
   let same_token = map (\a -> map (\b -> f64.bool (a == b)) s.inputs) s.inputs  -- wte's coefficients
-  let position = tabulate_2d t t (\i j -> f64.bool (i == j))                     -- wpe's
+  let position = tabulate_2d t t (\i j -> f64.bool (i % period == j % period))   -- wpe's
   let layer i =
     let (g, b) = (s.grads[i], 2 + 7 * i)
     let relu_hid = add (add (gram s.xs[b + 3]) (gram s.xs[b + 4])) (add (gram s.xs[b + 5]) (gram s.xs[b + 6]))
@@ -96,36 +97,64 @@ def abs_max [n][m] (a: [n][m]f32): f32 =
 -- the f32 range is the usual case: one cheap pass over the sources, and
 -- the Gram matrices only when that bound does not settle it (28% of a
 -- tiny step when computed every time).
-def gradient_is_finite [t][c][c3][f][v][l][k] (p: i64) (s: sources [t][c][c3][f][v][l][k]): bool =
+def gradient_is_finite [t][c][c3][f][v][l][k] (p: i64) (period: i64) (s: sources [t][c][c3][f][v][l][k])
+                                              : bool =
   let largest = 3.4028234663852886e38  -- the largest finite f32
   let layer_max (g: layer_grads [t][c][c3][f]) =
     f32.maximum [abs_max g.dqkv, abs_max g.dxmid, abs_max g.dhid, abs_max g.dxout]
   let coef = f32.maximum [1, abs_max s.dlogits, f32.maximum (map layer_max s.grads)]
   let bound = f64.i64 t * f64.f32 coef * f64.f32 (f32.maximum (map abs_max s.xs))
-  in f64.i64 p * bound * bound <= largest || gradient_norm2 s <= largest
+  in f64.i64 p * bound * bound <= largest || gradient_norm2 period s <= largest
 
 -- | Adam's update at `step`, or none (a diverged step, ok = false).
 def adam_at (a: adam) (step: i64) (ok: bool): update =
   let sc = adam_scalars a step
   in \p g m v -> if ok then adam_update sc p g m v else (p, m, v)
 
--- | Runs up to k steps; returns the new weights and the k losses.  A
--- non-finite loss (or gradient) stops the loop without applying that
--- step's update (its loss is reported, the later entries stay NaN), so the
--- weights keep the parameters from before it.  The steps update the
+-- | What one training step does to the buffers, in place: at `step`, the
+-- step's loss, whether it was applied (a finite loss and gradient), and
+-- the new parameters and moments.
+type^ advance [rows][c] =
+  i64 -> *[rows][c]f32 -> *[rows][c]f32 -> *[rows][c]f32 -> (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32)
+
+-- | One document per step (microgpt's step): document step % D, unpadded.
+def one_document [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
+    (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+    : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+  let (start, t) = window s step
+  let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
+                                     (s.tokens[start + 1:start + 1 + t] :> [t]i32)
+  let ok = finite loss && gradient_is_finite (rows * c) t sources
+  let (params, m, v) = update_all s.dims (adam_at s.adam step ok) t sources params m v
+  in (loss, ok, params, m, v)
+
+-- | B documents per step (batch.fut's batch_sources): the B documents'
+-- positions are one set of sources, the gradient of the batch's mean loss.
+def batch_of_documents [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
+    (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+    : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+  let b = s.batch
+  let lengths = batch_lengths s.windows b step
+  let t = i64.maximum lengths
+  let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
+  let (loss, sources) = batch_sources s.dims s.layout s.blocks params tokens lengths
+  let ok = finite loss && gradient_is_finite (rows * c) t sources
+  let (params, m, v) = update_all s.dims (adam_at s.adam step ok) t sources params m v
+  in (loss, ok, params, m, v)
+
+-- | Runs up to k steps of `advance`; returns the new weights and the k
+-- losses.  A non-finite loss (or gradient) stops the loop without applying
+-- that step's update (its loss is reported, the later entries stay NaN),
+-- so the weights keep the parameters from before it.  The steps update the
 -- weights' buffers in place (update_all): the weights passed in are
 -- consumed.
-def train_steps [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                                   : (weights [rows][c], [k]f32) =
+def train_steps [rows][c] (advance: advance [rows][c]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
+                          : (weights [rows][c], [k]f32) =
   let (params, m, v, step, losses, _) =
     loop (params: *[rows][c]f32, m: *[rows][c]f32, v: *[rows][c]f32, step, losses: *[k]f32, i) =
          (params, m, v, step, replicate k f32.nan, 0)
     while i < k do
-      let (start, t) = window s step
-      let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
-                                         (s.tokens[start + 1:start + 1 + t] :> [t]i32)
-      let ok = finite loss && gradient_is_finite (rows * c) sources
-      let (params, m, v) = update_all s.dims (adam_at s.adam step ok) sources params m v
+      let (loss, ok, params, m, v) = advance step params m v
       -- a finite loss with an overflowed gradient is reported as NaN, as NumPy does
       let reported = if ok || !(finite loss) then loss else f32.nan
       in (params, m, v, if ok then step + 1 else step, losses with [i] = reported, if ok then i + 1 else k)
@@ -140,11 +169,12 @@ def train_steps [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *
 entry new_model [l][n][d]
     (n_embd: i64) (n_layer: i64) (n_head: i64) (block_size: i64) (vocab: i64)
     (learning_rate: f64) (beta1: f64) (beta2: f64) (eps: f64) (num_steps: i64)
-    (warmup_steps: i64) (blocks: i64)
+    (warmup_steps: i64) (blocks: i64) (batch: i64)
     (layout: [l]i64) (tokens: [n]i32) (offsets: [d]i64) (lengths: [d]i32)
     : model [l][n][d] =
   let dims = {n_embd, n_layer, n_head, block_size, vocab}
-  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps, warmup_steps}, blocks, layout, tokens, offsets,
+  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps, warmup_steps}, blocks, batch, layout, tokens,
+      offsets,
       windows = map (\length -> i64.min block_size (i64.i32 length - 1)) lengths}
 
 -- | Weights for the model from host arrays, once the layout is checked to
@@ -166,37 +196,52 @@ entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
 entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                : (weights [rows][c], [k]f32) =
   -- the record's fields, bound one by one: a record passed whole counts as
-  -- self-aliased where train_steps consumes its fields
-  train_steps s {params, m, v, step} k
+  -- self-aliased where train_steps consumes its fields.  B = 1 keeps its
+  -- own step (no padding, no mask), as fast as before batches.
+  if s.batch == 1 then train_steps (one_document s) {params, m, v, step} k
+  else train_steps (batch_of_documents s) {params, m, v, step} k
 
 entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m
 entry get_v [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.v
 entry get_step [rows][c] (w: weights [rows][c]): i64 = w.step
 
+-- | The summed cross-entropy of each of H documents padded to T + 1 tokens
+-- (inputs tokens[:, :T], targets one further) over its first lengths[i]
+-- positions: a forward pass only, mapped over the documents.
+def doc_loss_sums [p][h][t1] (d: dims) (layout: []i64) (tokens: [h][t1]i32) (lengths: [h]i64) (params: [p]f32)
+                             : [h]f32 =
+  let t = t1 - 1
+  let doc row length =
+    let losses = position_losses d layout (row[:t] :> [t]i32) (row[1:] :> [t]i32) params
+    in f32.sum (map2 (\i x -> if i < length then x else 0) (iota t) losses)
+  in map2 doc tokens lengths
+
 -- | The loss and gradient of training step `step` at the weights'
--- parameters, from `vjp` of model.fut's `loss`: the oracle the tests hold
--- training's own gradient to (with beta1 = 0, Adam's first moment after a
--- step is exactly that step's gradient).
+-- parameters, from `vjp` of model.fut's `loss` (at B > 1, of the mean of
+-- doc_loss_sums over the batch's real positions): the oracle the tests
+-- hold training's own gradient to (with beta1 = 0, Adam's first moment
+-- after a step is exactly that step's gradient).
 entry grad_vjp [rows][c][l][n][d] (s: model [l][n][d]) (w: weights [rows][c]) (step: i64)
                                   : (f32, [rows * c]f32) =
-  let (start, t) = window s step
-  let inputs = s.tokens[start:start + t] :> [t]i32
-  let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
-  in vjp2 (loss s.dims s.layout inputs targets) (flatten w.params) 1
+  if s.batch == 1 then
+    let (start, t) = window s step
+    let inputs = s.tokens[start:start + t] :> [t]i32
+    let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
+    in vjp2 (loss s.dims s.layout inputs targets) (flatten w.params) 1
+  else
+    let lengths = batch_lengths s.windows s.batch step
+    let t = i64.maximum lengths
+    let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
+    let mean flat = f32.sum (doc_loss_sums s.dims s.layout tokens lengths flat) / f32.i64 (i64.sum lengths)
+    in vjp2 mean (flatten w.params) 1
 
--- | The held-out loss's parts: for H documents padded to T + 1 tokens
--- (inputs tokens[:, :T], targets one further), each document's summed
--- cross-entropy over its first lengths[i] positions, and that count.  A
--- forward pass only, mapped over the documents.
+-- | The held-out loss's parts: for H documents padded to T + 1 tokens,
+-- each document's summed cross-entropy over its first lengths[i]
+-- positions (doc_loss_sums), and that count.
 entry doc_losses [rows][c][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [rows][c]) (tokens: [h][t1]i32)
                                      (lengths: [h]i64): ([h]f32, [h]i64) =
-  let t = t1 - 1
-  let params = flatten w.params
-  let doc row length =
-    let losses = position_losses s.dims s.layout (row[:t] :> [t]i32) (row[1:] :> [t]i32) params
-    in f32.sum (map2 (\i x -> if i < length then x else 0) (iota t) losses)
-  in (map2 doc tokens lengths, lengths)
+  (doc_loss_sums s.dims s.layout tokens lengths (flatten w.params), lengths)
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix, of at most max_length characters: row j holds the

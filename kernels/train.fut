@@ -51,21 +51,38 @@ def forward_train [p][t] (d: dims) (c: i64) (f: i64) (h: i64) (nl: i64) (layout:
       in (x, acts with [l] = a)
   in {x0, r0, acts, x}
 
--- | The loss of predicting targets from the final hidden states x, and its
--- gradient with respect to the logits, (softmax - one_hot) / T.
+-- | The cross-entropy of predicting targets from the final hidden states
+-- x at each position, and its gradient with respect to the logits,
+-- softmax - one_hot, times weight(position): a row per position.
+def position_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32) (weight: i64 -> f32)
+                               : *[t](f32, [v]f32) =
+  map3 (\i logits target ->
+          let top = f32.maximum logits
+          let e = map (\l -> f32.exp (l - top)) logits
+          let z = f32.sum e
+          let loss = f32.log z - (logits[i64.i32 target] - top)
+          let w = weight i
+          in (loss, map2 (\j ej -> (ej / z - f32.bool (j == i64.i32 target)) * w) (iota v) e))
+       (iota t) (linear x lm_head) targets
+
+-- | The mean loss of predicting targets from the final hidden states x,
+-- and its gradient with respect to the logits, (softmax - one_hot) / T.
 def loss_and_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32)
                                : (f32, *[t][v]f32) =
   let inv_t = 1 / f32.i64 t
-  let rows = map2 (\logits target ->
-                     let top = f32.maximum logits
-                     let e = map (\l -> f32.exp (l - top)) logits
-                     let z = f32.sum e
-                     let loss = f32.log z - (logits[i64.i32 target] - top)
-                     in (loss, map2 (\j ej -> (ej / z - f32.bool (j == i64.i32 target)) * inv_t)
-                                    (iota v) e))
-                  (linear x lm_head) targets
-  let (losses, dlogits) = unzip rows
+  let (losses, dlogits) = unzip (position_dlogits lm_head x targets (\_ -> inv_t))
   in (f32.sum losses * inv_t, dlogits)
+
+-- | For a document padded to T positions of which the first n are real,
+-- in a batch whose loss is the mean over its real positions (scale = 1 /
+-- their count): the summed loss of the document's real positions, and the
+-- batch loss's gradient with respect to the document's logits, zero at the
+-- padding.  Padding then gets no gradient anywhere: it comes after the
+-- real positions, which attend only to earlier ones.
+def masked_loss_and_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32) (n: i64)
+                                      (scale: f32): (f32, *[t][v]f32) =
+  let (losses, dlogits) = unzip (position_dlogits lm_head x targets (\i -> if i < n then scale else 0))
+  in (f32.sum (map2 (\i l -> if i < n then l else 0) (iota t) losses), dlogits)
 
 -- * Backward
 
@@ -109,17 +126,18 @@ def block_back [t][c][c3][f][h] (blocks: i64) (w: layer [c][c3][f]) (a: layer_ac
 type sources [t][c][c3][f][v][l][k] =
   {inputs: [t]i32, dlogits: [t][v]f32, grads: [l](layer_grads [t][c][c3][f]), xs: [k][t][c]f32}
 
--- | One document's loss and its gradient sources, from the parameters
+-- | One document's gradient sources from its forward pass `fw` and the
+-- gradient of the loss with respect to its logits, from the parameters
 -- `flat` (read only: every product here reads the weights before any
 -- update).
-def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inputs: [t]i32)
-                    (targets: [t]i32) =
-  let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
-  let (c3, f, h, nl) = (3 * c, 4 * c, d.n_head, d.n_layer)
-  let fw = forward_train d c f h nl layout flat inputs
+def backward_from [p][t][c][f][h][nl][v] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32)
+                                         (inputs: [t]i32)
+                                         (fw: {x0: [t][c]f32, r0: [t]f32, acts: [nl](layer_acts [t][c][f][h]),
+                                               x: [t][c]f32})
+                                         (dlogits: [t][v]f32) =
+  let c3 = 3 * c
   let (x0, x, acts) = (fw.x0, fw.x, fw.acts)
-  let (_, _, lm_head) = embeddings flat layout v b c
-  let (loss, dlogits) = loss_and_dlogits lm_head x targets
+  let (_, _, lm_head) = embeddings flat layout v d.block_size c
   let zeros n = replicate t (replicate n 0f32)
   let none: layer_grads [t][c][c3][f] = {dqkv = zeros c3, dxmid = zeros c, dhid = zeros f, dxout = zeros c}
   let (dx, grads) =
@@ -144,7 +162,18 @@ def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inpu
              in loop xs for part < 4 do
                   xs with [5 + 7 * l + part] =
                     map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
-  in (loss, {inputs, dlogits, grads, xs})
+  in {inputs, dlogits, grads, xs}
+
+-- | One document's loss and its gradient sources, from the parameters
+-- `flat` (read only).
+def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inputs: [t]i32)
+                    (targets: [t]i32) =
+  let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
+  let (f, h, nl) = (4 * c, d.n_head, d.n_layer)
+  let fw = forward_train d c f h nl layout flat inputs
+  let (_, _, lm_head) = embeddings flat layout v b c
+  let (loss, dlogits) = loss_and_dlogits lm_head fw.x targets
+  in (loss, backward_from d layout blocks flat inputs fw dlogits)
 
 -- | Row o's gradient sum_t coef(o, t) * source(o)[t, :] (C): four
 -- positions per pass over the row, so the row is loaded and stored a
@@ -194,14 +223,17 @@ def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
 -- map per section of rows) that reads and writes each buffer once.  The rows are those of
 -- engine/params.py's layout: wte, wpe, lm_head, then 12 C per layer (wq,
 -- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_weights
--- checked the layout.
-def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (s: sources [t][c][c3][f][nv][l][k])
+-- checked the layout.  `period`: the positions of one document, T; the
+-- sources of a batch hold its B documents' positions one after another
+-- (B T of them), and position i is wpe's row i % period.
+def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period: i64)
+                                             (s: sources [t][c][c3][f][nv][l][k])
                                              (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
                                              : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
   -- wte: the positions holding each token; wpe: row o is position o's
   let embedding o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
-                                else f32.bool (i == o - vocab)
+                                else f32.bool (i % period == o - vocab)
   let (params, m, v) = update_rows update 0 (vocab + b) embedding (\_ -> s.xs[0]) params m v
   let (params, m, v) =
     update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v

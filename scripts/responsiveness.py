@@ -36,6 +36,8 @@ def main() -> int:
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--seconds", type=float, default=5.0, help="training time measured per preset")
     parser.add_argument("--switch-interval", type=float, help="override sys.setswitchinterval (seconds)")
+    parser.add_argument("--holdout", type=int, default=None,
+                        help="names held out (default: the window's auto; 0: no held-out evaluation)")
     parser.add_argument("--stops", type=int, default=3, help="Stop latency trials per preset")
     parser.add_argument("--tab", default="Training", help="the tab shown while measuring")
     args = parser.parse_args()
@@ -52,6 +54,7 @@ def main() -> int:
         sys.setswitchinterval(args.switch_interval)
     window = MainWindow(data_path=args.data)
     window.message_hook = None
+    window.ask_before_discarding = False  # Reset and a new run between trials: no save question to wait on
     window.resize(1180, 720)
     window.show()
     while window.reading_dataset:  # read off the GUI thread
@@ -78,6 +81,8 @@ def main() -> int:
         wait_for(lambda: window.state in ("none", "done"))  # a run ended just before has finished
         window.config_panel.preset_combo.setCurrentText(preset)
         window.config_panel.steps_spin.setValue(10_000_000)
+        if args.holdout is not None:
+            window.config_panel.holdout_spin.setValue(args.holdout)
         window.start_run()
         wait_for(lambda: window.state == "running" and window.loss_plot.series.n > 0)
 

@@ -1,6 +1,7 @@
-"""Make docs/screenshot.png: the window after a tiny run and a round of samples.
+"""Make docs/screenshot.png: the window after a run of the `learn` preset (its
+held-out curve on the loss plot) and a round of samples.
 
-    python scripts/screenshot.py [--data names.txt] [--steps 500] [--out docs/screenshot.png]
+    python scripts/screenshot.py [--data names.txt] [--preset learn] [--steps N] [--out docs/screenshot.png]
 
 Runs offscreen by default (QT_QPA_PLATFORM=offscreen); set QT_QPA_PLATFORM=xcb
 with a DISPLAY (e.g. under xvfb-run) to render through a real X server.
@@ -22,7 +23,8 @@ from dev_data import DEFAULT_DATA  # noqa: E402  (beside this script)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=DEFAULT_DATA, help="dataset (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--preset", default="learn")
+    parser.add_argument("--steps", type=int, default=None, help="default: the preset's")
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshot.png"))
     parser.add_argument("--size", default="1180x720", help="window size WxH")
     args = parser.parse_args()
@@ -40,7 +42,9 @@ def main() -> int:
     window.message_hook = None
     width, height = (int(v) for v in args.size.split("x"))
     window.resize(width, height)
-    window.config_panel.steps_spin.setValue(args.steps)
+    window.config_panel.preset_combo.setCurrentText(args.preset)
+    if args.steps is not None:
+        window.config_panel.steps_spin.setValue(args.steps)
     window.show()
 
     def on_state(state: str) -> None:

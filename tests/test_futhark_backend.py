@@ -71,6 +71,9 @@ def test_multicore_threads_by_model_size():
     assert fbk.multicore_threads(PRESETS["s128"].model.num_params(names_vocab), 2, environ={}) == 1
     assert fbk.multicore_threads(PRESETS["s256"].model.num_params(names_vocab), 2, environ={}) == 2
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: " 3 "}) == 3
+    # a batch is the parallel work at any size
+    assert fbk.multicore_threads(4192, 2, environ={}, batch=2) == 2
+    assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "1"}, batch=16) == 1
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(BackendError, match=fbk.THREADS_ENV):
             fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: bad})
@@ -102,12 +105,12 @@ def test_open_context_sets_the_thread_count(futhark_cpu_builds):
 
 def test_model_arguments_carry_the_configs_and_the_corpus(corpus):
     model = TWO_LAYERS
-    train = TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3, warmup_steps=7)
+    train = TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3, warmup_steps=7, batch_size=5)
     args = fbk.model_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), blocks=3)
-    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, warmup, blocks, layout, tokens, offsets,
+    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, warmup, blocks, batch, layout, tokens, offsets,
      lengths) = args
     assert (c, layers, heads, block, vocab) == (16, 2, 2, 8, corpus.vocab_size)
-    assert (lr, b1, b2, eps, steps, warmup, blocks) == (0.02, 0.8, 0.99, 1e-8, 30, 7, 3)
+    assert (lr, b1, b2, eps, steps, warmup, blocks, batch) == (0.02, 0.8, 0.99, 1e-8, 30, 7, 3, 5)
     specs = param_specs(model, corpus.vocab_size)
     assert layout.tolist() == [s.offset for s in specs]
     assert (tokens.dtype, offsets.dtype, lengths.dtype) == (np.int32, np.int64, np.int32)

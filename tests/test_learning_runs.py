@@ -187,12 +187,6 @@ def futhark_c():
         pytest.skip(reason)
 
 
-def test_futhark_refuses_a_batch_at_open():
-    futhark_c()
-    with pytest.raises(BackendError, match="futhark-c backend trains one document per step; batch size 3"):
-        open_backend("futhark-c", MODEL, TRAIN, corpus())
-
-
 @pytest.mark.futhark
 def test_futhark_holds_out_the_same_documents_and_its_doc_losses_match_numpy():
     futhark_c()

@@ -56,13 +56,46 @@ def test_the_loss_csv_has_the_readmes_header_and_leaves_nothing_half_written(tmp
     path = tmp_path / "loss.csv"
     assert write_loss_csv(path, np.arange(1, 26), losses, smoothed) == str(path)
     lines = path.read_text().splitlines()
-    assert lines[0] == "step,loss,smoothed" and lines[1].startswith("1,") and len(lines) == 26
-    table = np.loadtxt(path, delimiter=",", skiprows=1)
+    assert lines[0] == "step,loss,smoothed,heldout" and lines[1].startswith("1,") and len(lines) == 26
+    table = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1, 2))
     np.testing.assert_allclose(table, np.column_stack([np.arange(1, 26), losses, smoothed]), atol=1e-6)
+    assert all(line.endswith(",") for line in lines[1:])  # no held-out points: the column is empty
     (tmp_path / "taken").mkdir()
     with pytest.raises(OSError):
         write_loss_csv(tmp_path / "taken", np.arange(1, 3), losses[:2], smoothed[:2])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.csv", "taken"]
+
+
+def test_the_loss_csv_has_the_heldout_loss_on_the_rows_of_its_steps(tmp_path):
+    import csv
+
+    from engine.learning import HeldoutPoint
+    from engine.runs import write_loss_csv
+
+    steps = np.arange(1, 41)
+    points = [HeldoutPoint(10, 2.5), HeldoutPoint(25, 2.25), HeldoutPoint(40, 2.125), HeldoutPoint(99, 1.0)]
+    path = write_loss_csv(tmp_path / "loss.csv", steps, np.ones(40), np.ones(40), points)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    heldout = {int(r["step"]): float(r["heldout"]) for r in rows if r["heldout"]}
+    assert heldout == {10: 2.5, 25: 2.25, 40: 2.125}  # a point past the curve's end has no row
+    assert len(rows) == 40
+
+
+def test_a_records_heldout_points_give_best_final_and_names_per_second():
+    from engine.learning import HeldoutPoint
+
+    record = RunRecord("run 1", "numpy", engine.PRESETS["learn"].model, engine.PRESETS["learn"].train)
+    assert np.isnan(record.best_heldout) and np.isnan(record.final_heldout)
+    record.extend(np.ones(100), 0, 0.5)  # 5 ms a step, 32 names each
+    record.add_heldout([HeldoutPoint(40, 2.4), HeldoutPoint(80, 2.2)])
+    record.add_heldout([HeldoutPoint(100, 2.3)])
+    assert (record.best_heldout, record.final_heldout) == (2.2, 2.3)
+    assert record.names_per_second == pytest.approx(32 / 0.005)
+    record.add_heldout([HeldoutPoint(60, 2.0)])  # rewound to step 60: what followed goes
+    assert [p.step for p in record.heldout] == [40, 60]
+    record.add_heldout([HeldoutPoint(5, 3.0)], replacing=True)
+    assert [p.step for p in record.heldout] == [5]
 
 
 def test_an_ended_run_is_compacted_to_block_means():

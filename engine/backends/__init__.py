@@ -67,13 +67,6 @@ def probe_backend(name: str) -> tuple[bool, str]:
     return bool(available), reason
 
 
-def batch_refusal(name: str, batch: int) -> str:
-    """Why backend `name` does not train `batch` documents per step, or "" (it does)."""
-    from .futhark_backend import batch_refusal as futhark_refusal
-
-    return futhark_refusal(name, batch) if name in FUTHARK_BACKENDS else ""
-
-
 def open_backend(name: str, model: ModelConfig, train: TrainConfig, corpus: Corpus,
                  params=None) -> Backend:
     """A ready backend starting from init_params (or the given flat params)."""
@@ -100,7 +93,7 @@ def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = 
 
 
 __all__ = ["Backend", "BackendError", "BackendInfo", "TrainingDiverged", "TrainState",
-           "batch_refusal", "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
+           "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
 
 from .futhark_backend import FUTHARK_BACKENDS  # noqa: E402  (imports nothing heavy)
 

@@ -16,7 +16,7 @@ from ..checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
 from ..batches import Batch, DataSplit
 from ..data import Corpus
-from ..errors import BackendError, TrainingDiverged
+from ..errors import BackendError, Cancelled, TrainingDiverged
 from ..learning import HeldoutPoint
 from ..memory import available_memory_bytes, format_bytes, format_count, grown, limit_note
 from ..model import step_activation_bytes
@@ -211,16 +211,19 @@ class Backend(ABC):
     def heldout_history(self) -> list[HeldoutPoint]:
         return list(self._heldout)
 
-    def heldout_loss(self) -> float:
+    def heldout_loss(self, cancel: Callable[[], bool] | None = None) -> float:
         """The mean per-token loss over every held-out document at the current
         parameters (a forward pass only; training state unchanged). Recorded in
-        heldout_history at the current step."""
+        heldout_history at the current step. cancel() is asked between batches of
+        documents: True raises Cancelled (nothing recorded)."""
         if self.holdout == 0:
             raise ValueError("this run holds out no documents (holdout 0): there is no held-out loss")
         t = int(self.split.positions.max())
         per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, t))
         total, count = 0.0, 0
         for batch in self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc))):
+            if cancel is not None and cancel():
+                raise Cancelled("the held-out evaluation was cancelled")
             total += float(np.sum(np.asarray(self._doc_losses(batch), dtype=np.float64)))
             count += batch.positions
         loss = total / count

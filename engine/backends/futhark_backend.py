@@ -76,13 +76,14 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C.
     n_train: the documents training cycles over, the first n_train of the
     training order (engine.batches.DataSplit; None: all); the kernel's step
-    reads document step % (the documents it is given)."""
+    reads documents (step * B + b) % (the documents it is given) for b < B,
+    B = train.batch_size, as DataSplit.step_documents does."""
     arrays = corpus.arrays
     docs = slice(0, len(corpus) if n_train is None else n_train)
     return (
         model.n_embd, model.n_layer, model.n_head, model.block_size, corpus.vocab_size,
         float(train.learning_rate), float(train.beta1), float(train.beta2), float(train.eps),
-        train.num_steps, train.warmup_steps, blocks,
+        train.num_steps, train.warmup_steps, blocks, train.batch_size,
         layout_offsets(specs, model, corpus.vocab_size),
         np.ascontiguousarray(arrays.tokens, dtype=np.int32),
         np.ascontiguousarray(arrays.offsets[docs], dtype=np.int64),
@@ -90,21 +91,11 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     )
 
 
-def batch_refusal(name: str, batch: int) -> str:
-    """Why a Futhark backend does not train `batch` documents per step, or ""."""
-    if batch == 1:
-        return ""
-    return (f"the {name} backend trains one document per step; batch size {batch} runs on "
-            "numpy or cupy (batches in the Futhark kernel are still to come)")
-
-
 class FutharkBackend(Backend):
     name = "futhark"
     target = "c"  # Futhark's compiler backend
 
     def _setup(self, params: np.ndarray) -> None:
-        if refusal := batch_refusal(self.name, self.split.batch_size):
-            raise BackendError(refusal)
         self._fut = open_context(self.library_target(), self.threads())
         self._model = self._call("new_model", *model_arguments(
             self.model, self.train_config, self.corpus, self.specs, self.blocks(), self.split.n_train))
@@ -241,20 +232,23 @@ class FutharkCBackend(FutharkBackend):
 # tiny to s128 (0.8 million) a second thread made every step slower (Futhark's
 # scheduler costs microseconds per parallel region, and a step has hundreds).
 # From s256 (4.8 million) up, where the update pass runs on every core too,
-# two threads are faster. README "Performance".
+# two threads are faster. A batch of B > 1 documents per step is B
+# independent forward and backward passes, run in parallel at any size.
+# README "Performance".
 MULTICORE_MIN_PARAMS = 2_000_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 
-def multicore_threads(num_params: int, cores: int, environ=None) -> int:
-    """The multicore backend's thread count for a model of num_params
-    ($MICROGPT_FUTHARK_THREADS, a whole number from 1, overrides it)."""
+def multicore_threads(num_params: int, cores: int, environ=None, batch: int = 1) -> int:
+    """The multicore backend's thread count for a model of num_params trained on
+    `batch` documents per step ($MICROGPT_FUTHARK_THREADS, a whole number from 1,
+    overrides it)."""
     text = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
     if text:
         if not text.isdigit() or int(text) < 1:
             raise BackendError(f"{THREADS_ENV} must be a whole number from 1, got {text!r}")
         return int(text)
-    return 1 if num_params < MULTICORE_MIN_PARAMS else cores
+    return 1 if num_params < MULTICORE_MIN_PARAMS and batch == 1 else cores
 
 
 class FutharkMulticoreBackend(FutharkBackend):
@@ -262,7 +256,7 @@ class FutharkMulticoreBackend(FutharkBackend):
     host_buffers = 6
 
     def threads(self) -> int:
-        return multicore_threads(self.num_params, usable_cores())
+        return multicore_threads(self.num_params, usable_cores(), batch=self.train_config.batch_size)
 
     def library_target(self) -> str:
         # One thread runs the sequential C build: the same kernel, without the

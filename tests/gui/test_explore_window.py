@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QLineEdit, QListWidget, QPushButton, QSplitter, QT
 import engine
 from engine import backends as registry
 from engine import introspect as ins
+from gui.run_list import COLUMNS
 
 from test_window import (TIMEOUT_MS, click, reference_backend, reference_losses, set_steps, train_to_end,
                          wait_state, widget)
@@ -128,7 +129,7 @@ def test_the_run_list_holds_every_run_with_its_losses_and_status(
     show_tab(window, "Runs")
     qtbot.waitUntil(lambda: [table.item(row, table.columnCount() - 1).text() for row in range(table.rowCount())]
                     == ["finished", "stopped", "loaded"], timeout=TIMEOUT_MS)
-    assert table.item(0, 4).text() == "200"
+    assert table.item(0, COLUMNS.index("Steps")).text() == "200"
     assert len(window.run_list.curves) == 3  # every run overlaid
     # the Runs tab's smoothing is the loss plot's
     window.loss_plot.smoothing_slider.setValue(600)

@@ -34,6 +34,24 @@ def test_a_futhark_run_in_the_window_is_the_engines(name, make_window, names_pat
     assert set("".join(names)) <= set(window.corpus.chars) and any(names)
 
 
+@pytest.mark.parametrize("name", ["futhark-c", MULTICORE_2_THREADS])
+def test_a_batched_futhark_run_in_the_window_is_the_engines(name, make_window, names_path, names_corpus, qtbot):
+    """Batch 4 on a Futhark backend: the window's run is that backend's engine run,
+    bit for bit, and NumPy's to 1e-4, with its held-out curve."""
+    window = make_window(names_path)
+    assert window.config_panel.select_backend(name)
+    widget(window, QSpinBox, "batchSpin").setValue(4)
+    train_to_end(qtbot, window, 60)
+    _, y = curve(window)
+    train = engine.TrainConfig(num_steps=60, batch_size=4)
+    expected = engine.open_backend(name, engine.PRESETS["tiny"].model, train, names_corpus).train(60)
+    np.testing.assert_array_equal(y.astype(np.float32), expected)
+    numpy_losses = engine.open_backend("numpy", engine.PRESETS["tiny"].model, train, names_corpus).train(60)
+    np.testing.assert_allclose(expected, numpy_losses, rtol=0, atol=1e-4)
+    assert window.session.worker.backend.batch_size == 4
+    qtbot.waitUntil(lambda: bool(window.loss_plot.heldout), timeout=TIMEOUT_MS)
+
+
 def test_a_failed_train_call_is_reported_and_reset_trains_again(make_window, names_path, qtbot, monkeypatch):
     """The third train call fails inside Futhark: the weights it consumed are gone,
     which the window says, and sampling then says why it cannot; Reset starts over."""

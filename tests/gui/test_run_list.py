@@ -39,7 +39,8 @@ def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
         panel.add_run(r, checked=False)
     assert panel.table.rowCount() == 3 and not panel.curves
     assert [panel.table.item(1, c).text() for c in range(len(COLUMNS))] == [
-        "run 2", "s32", "numpy", "0.005", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "2", "-", "finished"]
+        "run 2", "s32", "numpy", "0.005", "1", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "-", "-", "2",
+        "500", "-", "finished"]  # batch 1, no held-out points, 1 name per 2 ms
 
     with qtbot.waitSignal(panel.checkedChanged):
         panel.table.item(0, 0).setCheckState(Qt.Checked)  # as a click on the box does
@@ -73,7 +74,7 @@ def test_a_live_run_grows_its_curve_and_row(qtbot, panel):
     panel.update_run(live)
     live.extend(np.full(5, 2.0), 10, 0.01)
     panel.update_run(live)  # coalesced with the one before
-    qtbot.waitUntil(lambda: panel.table.item(0, 4).text() == "15", timeout=2000)
+    qtbot.waitUntil(lambda: panel.table.item(0, COLUMNS.index("Steps")).text() == "15", timeout=2000)
     y = panel.curves[id(live)].getOriginalDataset()[1]
     np.testing.assert_allclose(y, ema(live.losses, 0.95)[0])
 
@@ -83,7 +84,7 @@ def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
     loaded = RunRecord("checkpoint", "numpy", p.model, p.train, status="loaded")
     loaded.extend(np.full(100, 2.5), 0)  # a checkpoint's history has no step times
     panel.add_run(loaded)
-    assert panel.table.item(0, 6).text() == "-"
+    assert panel.table.item(0, COLUMNS.index("ms/step")).text() == "-"
     panel.set_x_axis("seconds")
     x, _ = panel.curves[id(loaded)].getOriginalDataset()
     assert x is None or len(x) == 0
@@ -103,4 +104,4 @@ def test_a_compacted_run_follows_a_new_smoothing_at_the_blocks_weight(qtbot, pan
     np.testing.assert_array_equal(x, 1 + block * np.arange(1000))  # each block's first step, from 1
     np.testing.assert_allclose(y, ema(ended.losses, 0.8 ** block)[0])  # the EMA over the steps, per block
     np.testing.assert_allclose(panel.curves[id(live)].getOriginalDataset()[1], ema(live.losses, 0.8)[0])
-    assert panel.table.item(1, 5).text() == f"{ema(ended.losses, 0.8 ** block)[0][-1]:.4f}"
+    assert panel.table.item(1, COLUMNS.index("Smoothed loss")).text() == f"{ema(ended.losses, 0.8 ** block)[0][-1]:.4f}"

@@ -296,8 +296,8 @@ def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path
     path = tmp_path / "loss.csv"
     with qtbot.waitSignal(window.exported, timeout=TIMEOUT_MS):
         window.export_csv(str(path))
-    assert path.read_text().splitlines()[0] == "step,loss,smoothed"  # as README says
-    table = np.loadtxt(path, delimiter=",", skiprows=1)
+    assert path.read_text().splitlines()[0] == "step,loss,smoothed,heldout"  # as README says
+    table = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1, 2))
     np.testing.assert_array_equal(table[:, 0], np.arange(1, 41))  # steps count from 1, as the window's
     np.testing.assert_allclose(table[:, 1], window.session.worker.loss_history(), atol=1e-6)
     png = tmp_path / "plot.png"

@@ -1,0 +1,163 @@
+"""Batches on the Futhark backends (kernels/batch.fut): a step over B documents
+padded to the longest and masked, one Adam update on the gradient of their mean
+loss, documents picked as engine.batches.DataSplit picks them.
+
+The references are independent of the kernel: NumPy's batched loss_and_grad
+(engine/model.py, itself held to float64 finite differences in
+tests/test_model_grad.py) and `vjp` of the kernel's forward-only loss
+(grad_vjp). The training gradient is read from training itself: with beta1 = 0,
+Adam's first moment after one step is exactly that step's gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from engine import Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backend, read_checkpoint
+from engine.backends import futhark_backend as fbk, probe_backend
+from engine.model import Weights, loss_and_grad
+from futhark_support import MULTICORE_2_THREADS
+
+pytestmark = pytest.mark.futhark
+
+# Names from 2 to 15 characters: documents of T = 3 .. 9 positions at block_size 8
+# (christopherjohn is truncated), so every batch pads some of its documents.
+NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper", "evelyn",
+         "abigail", "emily", "ella", "elizabeth", "camila", "luna", "bo", "christopherjohn"]
+MODEL = ModelConfig(n_embd=16, n_layer=2, n_head=2, block_size=8)
+BACKENDS = ["futhark-c", MULTICORE_2_THREADS]
+
+
+def available(name: str) -> None:
+    ok, reason = probe_backend("futhark-multicore" if name == MULTICORE_2_THREADS else name)
+    if not ok:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    return Corpus.from_lines(NAMES)
+
+
+def test_the_documents_differ_in_length_and_one_is_truncated(corpus):
+    lengths = np.minimum(MODEL.block_size, corpus.arrays.lengths - 1)
+    assert len(set(lengths[:14].tolist())) > 3 and (corpus.arrays.lengths - 1 > MODEL.block_size).any()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("batch", [4, 3])
+def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
+    available(name)
+    train = TrainConfig(num_steps=60, batch_size=batch, holdout=3, learning_rate=0.01)
+    reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend(name, MODEL, train, corpus)
+    try:
+        if name == MULTICORE_2_THREADS:
+            assert backend.threads() == 2 and backend.library_target() == "multicore"
+        losses = backend.train(50)  # 150 or 200 documents of 14: many epochs, every batch padded
+        np.testing.assert_allclose(losses, reference.train(50), rtol=0, atol=1e-4)
+        got, expected = backend.get_state(), reference.get_state()
+        assert got.step == expected.step == 50
+        np.testing.assert_allclose(got.params, expected.params, rtol=0, atol=1e-4)
+        assert np.abs(got.params - open_backend("numpy", MODEL, train, corpus).get_state().params).max() > 0.1
+        assert backend.heldout_loss() == pytest.approx(reference.heldout_loss(), abs=1e-4)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("name, blocks", [("futhark-c", 1), ("futhark-c", 0), (MULTICORE_2_THREADS, 2)])
+@pytest.mark.parametrize("step", [0, 3, 4])  # step 4 wraps: documents 12, 13, 0
+def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, blocks, step, corpus):
+    """blocks 0 runs a GPU's form of the step (each document's products in
+    parallel inside the map over documents) in sequential C."""
+    available(name)
+    train = TrainConfig(num_steps=100, batch_size=3, holdout=3, beta1=0.0, learning_rate=0.01)
+    backend = open_backend(name, MODEL, train, corpus)
+    try:
+        backend.train(5)  # away from the initial parameters
+        state = backend.get_state()
+        model = backend._call("new_model", *fbk.model_arguments(MODEL, train, corpus, backend.specs, blocks,
+                                                                backend.split.n_train))
+        weights = backend._call("new_weights", model, state.params, state.m, state.v, step)
+        vjp_loss, vjp_grad = backend._call("grad_vjp", model, weights, step)
+        weights, losses = backend._call("train", model, weights, 1)
+        train_grad = backend._values(backend._call("get_m", weights))
+        batch = backend.split.batch(step)
+        assert len(set(batch.lengths.tolist())) > 1  # padded
+        numpy_grad = np.zeros_like(state.params)
+        numpy_loss = loss_and_grad(Weights(state.params, backend.specs, MODEL),
+                                   Weights(numpy_grad, backend.specs, MODEL),
+                                   batch.inputs, batch.targets, MODEL, np, lengths=batch.lengths)
+        loss = float(backend._values(losses)[0])
+        assert loss == pytest.approx(float(vjp_loss), abs=1e-5) and loss == pytest.approx(float(numpy_loss), abs=1e-5)
+        np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(train_grad, numpy_grad, rtol=0, atol=1e-5)
+        assert np.abs(train_grad).max() > 1e-3  # a gradient, not zeros
+    finally:
+        backend.close()
+
+
+def test_a_batched_run_resumes_mid_epoch_across_backends(corpus, tmp_path):
+    """numpy saves mid-epoch, futhark-c resumes and saves, numpy resumes: the run
+    follows the uninterrupted NumPy run."""
+    available("futhark-c")
+    train = TrainConfig(num_steps=40, batch_size=3, holdout=3, learning_rate=0.01)
+    uninterrupted = open_backend("numpy", MODEL, train, corpus)
+    expected = uninterrupted.train(20)
+    first = open_backend("numpy", MODEL, train, corpus)
+    first.train(3)  # 9 documents of 14: mid-epoch
+    first.save(tmp_path / "numpy.npz")
+    middle = load_checkpoint(tmp_path / "numpy.npz", backend="futhark-c")
+    try:
+        assert (middle.name, middle.step, middle.batch_size) == ("futhark-c", 3, 3)
+        np.testing.assert_allclose(middle.train(8), expected[3:11], rtol=0, atol=1e-4)  # wraps the epoch
+        middle.save(tmp_path / "futhark.npz")
+    finally:
+        middle.close()
+    ck = read_checkpoint(tmp_path / "futhark.npz")
+    assert (ck.train.batch_size, ck.train.holdout, ck.step) == (3, 3, 11)
+    last = load_checkpoint(ck, backend="numpy")
+    np.testing.assert_allclose(last.train(9), expected[11:], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(last.get_state().params, uninterrupted.get_state().params, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_held_out_documents_are_never_trained(name):
+    """A character that only held-out documents use gets a wte gradient only where
+    it is an input, so its row stays exactly as initialised unless a held-out
+    document is trained (as it is with nothing held out)."""
+    available(name)
+    c = Corpus.from_lines(NAMES[:10] + ["zzz", "qqq", "xxx", "jjj", "www", "yyy"])
+    held = 4
+    trained = set("".join(c.docs[: len(c) - held]))
+    only_held = sorted(set("".join(c.docs[len(c) - held :])) - trained)
+    assert only_held  # the training order put some of the six at the end
+    rows = c.encode("".join(only_held))
+
+    def moved(holdout: int) -> np.ndarray:
+        train = TrainConfig(num_steps=60, batch_size=4, holdout=holdout, learning_rate=0.01)
+        backend = open_backend(name, MODEL, train, c)
+        try:
+            wte = lambda: backend.get_state().params[: c.vocab_size * MODEL.n_embd].reshape(c.vocab_size, -1)
+            before = wte()[rows].copy()
+            backend.train(40)  # 160 documents: many epochs
+            return np.abs(wte()[rows] - before).max(axis=1)
+        finally:
+            backend.close()
+
+    assert (moved(holdout=held) == 0).all()
+    assert (moved(holdout=0) > 1e-3).all()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_one_document_per_step_is_unchanged(name, corpus):
+    """B = 1 keeps the unpadded step: it follows NumPy's single-document step."""
+    available(name)
+    train = TrainConfig(num_steps=60, batch_size=1, holdout=3, learning_rate=0.01)
+    reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend(name, MODEL, train, corpus)
+    try:
+        np.testing.assert_allclose(backend.train(30), reference.train(30), rtol=0, atol=1e-5)
+    finally:
+        backend.close()
+
