@@ -35,7 +35,7 @@ from .lock import FileLock
 from .tools import (Compiler, CompilerNotFound, cuda_toolkit_root, device_problem, ffi_problem,
                     find_compiler, first_error_lines, run_logged)
 
-BUILD_FORMAT = 3  # bump when the build steps change: old cache entries are then ignored
+BUILD_FORMAT = 4  # bump when the build steps change: old cache entries are then ignored
 DESCRIPTIONS = {
     "c": "sequential C",
     "multicore": "multicore C",

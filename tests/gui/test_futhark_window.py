@@ -16,6 +16,15 @@ pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")
 STEPS = 300
 
 
+def same_kernel_run(name, actual, expected):
+    """The same kernel's losses: bit for bit on one thread; on two, the multicore
+    scheduler splits sums by timing, so the last bits may differ (as NumPy's 1e-4)."""
+    if name == MULTICORE_2_THREADS:
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4)
+    else:
+        np.testing.assert_array_equal(actual, expected)
+
+
 @pytest.mark.parametrize("name", ["futhark-c", MULTICORE_2_THREADS])
 def test_a_futhark_run_in_the_window_is_the_engines(name, make_window, names_path, names_corpus, qtbot):
     window = make_window(names_path)
@@ -24,7 +33,7 @@ def test_a_futhark_run_in_the_window_is_the_engines(name, make_window, names_pat
     x, y = curve(window)
     expected = reference_losses(names_corpus, STEPS, backend=name)
     np.testing.assert_array_equal(x, np.arange(1, STEPS + 1))  # steps from 1
-    np.testing.assert_array_equal(y.astype(np.float32), expected)  # the same kernel: bit for bit
+    same_kernel_run(name, y.astype(np.float32), expected)
     np.testing.assert_allclose(expected, reference_losses(names_corpus, STEPS), rtol=0, atol=1e-4)
     samples = widget(window, QListWidget, "samplesList")
     widget(window, QSpinBox, "sampleCountSpin").setValue(6)
@@ -45,7 +54,7 @@ def test_a_batched_futhark_run_in_the_window_is_the_engines(name, make_window, n
     _, y = curve(window)
     train = engine.TrainConfig(num_steps=60, batch_size=4)
     expected = engine.open_backend(name, engine.PRESETS["tiny"].model, train, names_corpus).train(60)
-    np.testing.assert_array_equal(y.astype(np.float32), expected)
+    same_kernel_run(name, y.astype(np.float32), expected)
     numpy_losses = engine.open_backend("numpy", engine.PRESETS["tiny"].model, train, names_corpus).train(60)
     np.testing.assert_allclose(expected, numpy_losses, rtol=0, atol=1e-4)
     assert window.session.worker.backend.batch_size == 4
