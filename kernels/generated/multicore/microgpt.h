@@ -39,6 +39,14 @@ int futhark_values_f32_1d(struct futhark_context *ctx, struct futhark_f32_1d *ar
 int futhark_index_f32_1d(struct futhark_context *ctx, float *out, struct futhark_f32_1d *arr, int64_t i0);
 unsigned char *futhark_values_raw_f32_1d(struct futhark_context *ctx, struct futhark_f32_1d *arr);
 const int64_t *futhark_shape_f32_1d(struct futhark_context *ctx, struct futhark_f32_1d *arr);
+struct futhark_f32_2d;
+struct futhark_f32_2d *futhark_new_f32_2d(struct futhark_context *ctx, const float *data, int64_t dim0, int64_t dim1);
+struct futhark_f32_2d *futhark_new_raw_f32_2d(struct futhark_context *ctx, unsigned char *data, int64_t dim0, int64_t dim1);
+int futhark_free_f32_2d(struct futhark_context *ctx, struct futhark_f32_2d *arr);
+int futhark_values_f32_2d(struct futhark_context *ctx, struct futhark_f32_2d *arr, float *data);
+int futhark_index_f32_2d(struct futhark_context *ctx, float *out, struct futhark_f32_2d *arr, int64_t i0, int64_t i1);
+unsigned char *futhark_values_raw_f32_2d(struct futhark_context *ctx, struct futhark_f32_2d *arr);
+const int64_t *futhark_shape_f32_2d(struct futhark_context *ctx, struct futhark_f32_2d *arr);
 struct futhark_i32_1d;
 struct futhark_i32_1d *futhark_new_i32_1d(struct futhark_context *ctx, const int32_t *data, int64_t dim0);
 struct futhark_i32_1d *futhark_new_raw_i32_1d(struct futhark_context *ctx, unsigned char *data, int64_t dim0);
@@ -77,7 +85,8 @@ int futhark_project_opaque_adam_beta2(struct futhark_context *ctx, double *out, 
 int futhark_project_opaque_adam_eps(struct futhark_context *ctx, double *out, const struct futhark_opaque_adam *obj);
 int futhark_project_opaque_adam_learning_rate(struct futhark_context *ctx, double *out, const struct futhark_opaque_adam *obj);
 int futhark_project_opaque_adam_num_steps(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_adam *obj);
-int futhark_new_opaque_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const double f_beta1, const double f_beta2, const double f_eps, const double f_learning_rate, const int64_t f_num_steps);
+int futhark_project_opaque_adam_warmup_steps(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_adam *obj);
+int futhark_new_opaque_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const double f_beta1, const double f_beta2, const double f_eps, const double f_learning_rate, const int64_t f_num_steps, const int64_t f_warmup_steps);
 int futhark_free_opaque_dims(struct futhark_context *ctx, struct futhark_opaque_dims *obj);
 int futhark_store_opaque_dims(struct futhark_context *ctx, const struct futhark_opaque_dims *obj, void **p, size_t *n);
 struct futhark_opaque_dims *futhark_restore_opaque_dims(struct futhark_context *ctx, const void *p);
@@ -91,32 +100,34 @@ int futhark_free_opaque_model(struct futhark_context *ctx, struct futhark_opaque
 int futhark_store_opaque_model(struct futhark_context *ctx, const struct futhark_opaque_model *obj, void **p, size_t *n);
 struct futhark_opaque_model *futhark_restore_opaque_model(struct futhark_context *ctx, const void *p);
 int futhark_project_opaque_model_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_batch(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_blocks(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_dims(struct futhark_context *ctx, struct futhark_opaque_dims **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_layout(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_offsets(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_tokens(struct futhark_context *ctx, struct futhark_i32_1d **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_windows(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
-int futhark_new_opaque_model(struct futhark_context *ctx, struct futhark_opaque_model **out, const struct futhark_opaque_adam *f_adam, const int64_t f_blocks, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_i64_1d *f_offsets, const struct futhark_i32_1d *f_tokens, const struct futhark_i64_1d *f_windows);
+int futhark_new_opaque_model(struct futhark_context *ctx, struct futhark_opaque_model **out, const struct futhark_opaque_adam *f_adam, const int64_t f_batch, const int64_t f_blocks, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_i64_1d *f_offsets, const struct futhark_i32_1d *f_tokens, const struct futhark_i64_1d *f_windows);
 int futhark_free_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights *obj);
 int futhark_store_opaque_weights(struct futhark_context *ctx, const struct futhark_opaque_weights *obj, void **p, size_t *n);
 struct futhark_opaque_weights *futhark_restore_opaque_weights(struct futhark_context *ctx, const void *p);
-int futhark_project_opaque_weights_m(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_weights *obj);
-int futhark_project_opaque_weights_params(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_weights *obj);
+int futhark_project_opaque_weights_m(struct futhark_context *ctx, struct futhark_f32_2d **out, const struct futhark_opaque_weights *obj);
+int futhark_project_opaque_weights_params(struct futhark_context *ctx, struct futhark_f32_2d **out, const struct futhark_opaque_weights *obj);
 int futhark_project_opaque_weights_step(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_weights *obj);
-int futhark_project_opaque_weights_v(struct futhark_context *ctx, struct futhark_f32_1d **out, const struct futhark_opaque_weights *obj);
-int futhark_new_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out, const struct futhark_f32_1d *f_m, const struct futhark_f32_1d *f_params, const int64_t f_step, const struct futhark_f32_1d *f_v);
+int futhark_project_opaque_weights_v(struct futhark_context *ctx, struct futhark_f32_2d **out, const struct futhark_opaque_weights *obj);
+int futhark_new_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out, const struct futhark_f32_2d *f_m, const struct futhark_f32_2d *f_params, const int64_t f_step, const struct futhark_f32_2d *f_v);
 
 // Entry points
+int futhark_entry_doc_losses(struct futhark_context *ctx, struct futhark_f32_1d **out0, struct futhark_i64_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_2d *in2, const struct futhark_i64_1d *in3);
 int futhark_entry_get_m(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_params(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_step(struct futhark_context *ctx, int64_t *out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_v(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_grad_vjp(struct futhark_context *ctx, float *out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 int futhark_entry_initial_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1);
-int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_model **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const struct futhark_i64_1d *in11, const struct futhark_i32_1d *in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14);
+int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_model **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const int64_t in11, const int64_t in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14, const struct futhark_i64_1d *in15, const struct futhark_i32_1d *in16);
 int futhark_entry_new_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
-int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_1d *in2, const int64_t in3, const float in4, const int64_t in5, const int64_t in6);
+int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_1d *in2, const int64_t in3, const double in4, const uint64_t in5, const int64_t in6, const int64_t in7);
 int futhark_entry_train(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 
 // Miscellaneous
