@@ -16,6 +16,8 @@ importable.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -94,11 +96,21 @@ class BenchResult:
 # what may run here --------------------------------------------------------
 
 def torch_status() -> tuple[bool, str]:
+    """Whether PyTorch is installed, found without importing it: importing torch
+    loads a gigabyte of libraries while holding the GIL (the Scaling study asks from
+    a background thread, and the window stalled for 190 ms). The torch row runs in
+    its own process, which imports it and reports a broken install as its error."""
     try:
-        import torch
-    except Exception as exc:  # ImportError, or a broken install
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError) as exc:
         return False, f"PyTorch is not importable ({exc.__class__.__name__}: {exc})"
-    return True, f"PyTorch {torch.__version__} on the CPU, {torch.get_num_threads()} threads"
+    if not found:
+        return False, "PyTorch is not installed (pip install torch)"
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown)"
+    return True, f"PyTorch {version} on the CPU"
 
 
 def availability(names: list[str], with_torch: bool = True) -> dict[str, tuple[bool, str]]:
