@@ -346,7 +346,7 @@ def run_isolated(backend: str, preset: str, data: Path, budget: Budget = Budget(
 # every configuration --------------------------------------------------------
 
 def run_bench(backends: list[str], presets: list[str], data: Path, budget: Budget = Budget(),
-              rounds: int = 1, on_row=lambda row: None, batches: list[int] = (1,),
+              rounds: int = 1, on_row=lambda row: None, batches: list[int] | None = None,
               to_loss=None) -> list[BenchResult]:
     """Measure every (backend, preset, batch); on_row(BenchResult) is called as rows come in
     (first a "skipped" row for each backend that cannot run here, and one for
@@ -363,12 +363,13 @@ def run_bench(backends: list[str], presets: list[str], data: Path, budget: Budge
     for row in results:
         on_row(row)
     runnable = [b for b in backends if status[b][0]]
-    for batch in batches:  # every backend trains batches
+    for batch in batches or [None]:  # None: each preset's own batch size
         for preset in presets:
+            size = get_preset(preset).train.batch_size if batch is None else batch
             runs: dict[str, list[BenchResult]] = {backend: [] for backend in runnable}
             for _ in range(rounds):
                 for backend in runnable:
-                    runs[backend].append(run_isolated(backend, preset, data, budget, batch=batch,
+                    runs[backend].append(run_isolated(backend, preset, data, budget, batch=size,
                                                       to_loss=to_loss))
             for backend in runnable:
                 results.append(median_run(runs[backend]))

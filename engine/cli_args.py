@@ -199,8 +199,9 @@ def build_parser() -> OneLineParser:
                            help="measure each configuration this many times, taking turns; report the median run (default 1)")
     bench_cmd.add_argument("--json", type=Path, help="also write the results to this JSON file")
     bench_cmd.add_argument("--data", type=Path, help="text file to train on (default: makemore's names.txt)")
-    bench_cmd.add_argument("--batch", type=batch_list, default=[1], metavar="B[,B...]",
-                           help="documents per step, comma-separated (default 1); adds names/s to each row")
+    bench_cmd.add_argument("--batch", type=batch_list, metavar="B[,B...]",
+                           help="documents per step, comma-separated (default: each preset's own, 1 but "
+                                "for learn's 32); adds names/s to each row")
     bench_cmd.add_argument("--to-loss", type=positive_float, metavar="X",
                            help="instead of timing steps: train each (backend, preset, batch) until the "
                                 "held-out loss is at most X, and report the training seconds")

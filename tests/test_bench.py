@@ -172,3 +172,18 @@ def test_rounds_report_the_median_run_and_the_largest_peak():
     assert (row.ms_per_step, row.steps_per_s, row.peak_rss_mb) == (2.0, 500.0, 60.0)
     assert (row.load_avg, row.busy) == (2.5, True)  # any disturbed run marks the row
     assert row.runs_ms == [3.0, 1.0, 2.0]
+
+
+def test_each_preset_trains_its_own_batch_unless_told(monkeypatch, tmp_path):
+    asked = []
+
+    def fake_run(backend, preset, data, budget, batch=1, to_loss=None):
+        asked.append((preset, batch))
+        return bench.BenchResult(backend, preset, "ok", batch=batch)
+
+    monkeypatch.setattr(bench, "run_isolated", fake_run)
+    bench.run_bench(["numpy"], ["tiny", "learn"], tmp_path / "names.txt")
+    assert asked == [("tiny", 1), ("learn", engine.PRESETS["learn"].train.batch_size)]
+    asked.clear()
+    bench.run_bench(["numpy"], ["tiny", "learn"], tmp_path / "names.txt", batches=[4])
+    assert asked == [("tiny", 4), ("learn", 4)]
