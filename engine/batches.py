@@ -113,9 +113,8 @@ class DataSplit:
         t = int(lengths.max())
         index = self.offsets[docs][:, None] + np.arange(t + 1)[None, :]
         real = np.arange(t + 1)[None, :] <= lengths[:, None]  # the inputs and the last target
-        index = np.where(real, index, 0)  # padding reads token 0 (a bos), then is set to bos
+        index = np.where(real, index, 0)  # padding reads token 0: document 0's opening bos
         padded = tokens[xp.asarray(index)]
-        padded[xp.asarray(~real)] = self.corpus.bos
         return Batch(padded, lengths)
 
     def names_seen(self, steps: int) -> int:
