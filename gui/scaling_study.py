@@ -27,7 +27,7 @@ from engine.bench import BenchResult
 from engine.bench_report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
-from .background import BackgroundCall
+from .background import BackgroundCall, emit_while_alive
 from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
@@ -91,11 +91,11 @@ class _StudyRun(QObject):
         try:
             study = scaling.plan(backends, presets, availability)
             for result in study.skipped:
-                self._emit(self.row, result)
+                emit_while_alive(self.row, result)
             for i, (backend, preset) in enumerate(study.jobs):
                 if self.cancelled.is_set():
                     break
-                self._emit(self.started, backend, preset, i, len(study.jobs))
+                emit_while_alive(self.started, backend, preset, i, len(study.jobs))
                 try:
                     result = measure(backend, preset, seconds, self.cancelled.is_set)
                 except engine.Cancelled:
@@ -104,17 +104,10 @@ class _StudyRun(QObject):
                     result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
                 if self.cancelled.is_set():
                     break
-                self._emit(self.row, result)
+                emit_while_alive(self.row, result)
         except Exception as exc:  # e.g. availability failed: say so, end the study
-            self._emit(self.row, BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}"))
-        self._emit(self.done, self.cancelled.is_set())
-
-    @staticmethod
-    def _emit(signal, *args) -> None:
-        try:
-            signal.emit(*args)
-        except RuntimeError:  # the dialog went away meanwhile
-            pass
+            emit_while_alive(self.row, BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}"))
+        emit_while_alive(self.done, self.cancelled.is_set())
 
 
 class ScalingStudyDialog(QDialog):
