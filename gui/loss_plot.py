@@ -22,7 +22,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
 from .controls import buddy, plot_widget
-from .loss_series import GrowingSeries, Resmoother, ema  # noqa: F401  (ema: the plot's smoothing, for callers)
+from .loss_series import GrowingSeries, Resmoother
 from .plot_axes import AXES, SECONDS, STEP, StepClock, axis_label, step_of_x, x_values
 
 MIN_REDRAW_MS = 40  # at most 25 redraws a second; fewer if a redraw gets slow

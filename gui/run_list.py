@@ -30,7 +30,7 @@ from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema
-from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height  # noqa: F401  (COLUMNS: for callers)
+from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),

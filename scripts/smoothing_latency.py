@@ -35,7 +35,8 @@ def main() -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from gui.loss_plot import LossPlot, ema
+    from gui.loss_plot import LossPlot
+    from gui.loss_series import ema
 
     app = QApplication([sys.argv[0]])
     plot = LossPlot()

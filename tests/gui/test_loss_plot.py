@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gui import loss_series
-from gui.loss_plot import GrowingSeries, LossPlot, ema
+from gui.loss_plot import LossPlot
+from gui.loss_series import GrowingSeries, ema
 
 
 def tensorboard_smoothing(values, weight):

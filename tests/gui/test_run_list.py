@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 import engine
 from engine.runs import RunRecord
-from gui.loss_plot import ema
+from gui.loss_series import ema
 from gui.run_list import RunListPanel, COLUMNS
 
 
