@@ -95,7 +95,7 @@ class Backend(ABC):
         needs = [(f"{self.host_buffers} copies of the parameters (weights, gradient, Adam moments, "
                   "copies while saving)", self.host_buffers * self.num_params * 4)]
         if self.host_activations:
-            t, b = min(model.block_size, self.corpus.arrays.max_length - 1), self.train_config.batch_size
+            t, b = int(self.split.positions.max()), self.train_config.batch_size
             needs.append((f"a training step's activations ({b:,} x {t:,} tokens)",
                           step_activation_bytes(model, vocab, t, b)))
             needs.append(("sampling", sampling_memory_bytes(self.model, self.corpus.vocab_size)))
