@@ -164,6 +164,24 @@ def test_torch_reference_matches_the_numpy_backend(warmup):
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
+def test_torch_reference_heldout_loss_is_the_numpy_backends():
+    """TorchReference's held-out loss (padded, masked autograd forward) equals the
+    hand-written backend's at the same steps, with the backends' record and cancel."""
+    pytest.importorskip("torch", reason="PyTorch is optional; the comparison needs it")
+    from engine.torch_reference import TorchReference
+
+    corpus = engine.Corpus.from_lines(DOCS)
+    model = engine.ModelConfig(n_embd=24, n_layer=2, n_head=3, block_size=8)
+    train = replace(engine.TrainConfig(num_steps=40), batch_size=2, holdout=4, init_std=0.1, seed=5)
+    ours, theirs = engine.open_backend("numpy", model, train, corpus), TorchReference(model, train, corpus)
+    ours.train(6), theirs.train(6)
+    assert theirs.heldout_loss() == pytest.approx(ours.heldout_loss(), abs=1e-5)
+    with pytest.raises(engine.Cancelled):
+        theirs.heldout_loss(cancel=lambda: True)
+    theirs.heldout_loss()  # the same step again: one entry
+    assert [p.step for p in theirs.heldout_history] == [6]
+
+
 def test_rounds_report_the_median_run_and_the_largest_peak():
     runs = [bench.BenchResult("numpy", "tiny", "ok", ms_per_step=ms, steps_per_s=1e3 / ms, peak_rss_mb=mb)
             for ms, mb in ((3.0, 40.0), (1.0, 60.0), (2.0, 50.0))]
