@@ -29,6 +29,7 @@ from engine.backends.numpy_backend import NumpyBackend
 from engine.model import adam_update
 
 from cupy_support import HostLogicBackend, assert_same_state, poisoned_params
+from reference_model import microgpt_step_tokens
 
 
 # -- the fused Adam step's arithmetic (no GPU needed) -----------------------
@@ -97,11 +98,11 @@ def test_kernel_source_holds_the_statements_and_compiles_where_nvrtc_is_present(
 
 # -- CupyBackend's chunk logic, run on NumPy arrays --------------------------
 
-def test_device_token_slices_equal_corpus_step_tokens(names_corpus):
+def test_device_token_slices_equal_microgpts_step_tokens(names_corpus):
     model = ModelConfig(16, 1, 4, 8)  # short block: long names get truncated
     backend = HostLogicBackend(model, TrainConfig(num_steps=10, holdout=0), names_corpus)  # microgpt's order
     for step in (0, 1, 2, 100, len(names_corpus) - 1, len(names_corpus), 3 * len(names_corpus) + 5):
-        got, want = backend._tokens(step), names_corpus.step_tokens(step, model.block_size)
+        got, want = backend._tokens(step), microgpt_step_tokens(names_corpus, step, model.block_size)
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
 
