@@ -142,7 +142,8 @@ def check_holdout(holdout: int | None, corpus) -> None:
     try:
         resolve_holdout(holdout, len(corpus))
     except ValueError as exc:
-        raise ValueError(f"--{exc}" if holdout is not None else str(exc)) from None  # "--holdout 5 leaves..."
+        # "--holdout 5 leaves..." when the user typed it; the default's message as it is
+        raise (with_flags(exc, DEMO_FLAGS) if holdout is not None else exc) from None
 
 
 def run_demo(args) -> int:
