@@ -4,93 +4,31 @@ steps/s, sampling time and peak memory per (backend, preset).
 Each configuration runs in a fresh Python process (`python -m engine.bench
 SPEC`), so its peak RSS is its own and not the largest seen so far; a
 Measurement is that process, which a caller can poll and cancel (the CLI
-waits on it; a window can poll it from a timer). Timing: after warm-up, the
-steps run as chunked `backend.train(k)` calls (the call the window makes)
-until both at least `steps` steps and at least `seconds` seconds are done,
-in about ten chunks; the figure is the median of the chunks' ms/step, with
-the fastest and slowest chunk beside it. The 1-minute load average is read
-before and after: above the core count, other work shared the CPU and the
-row says the machine was busy. `torch` is PyTorch's CPU build doing the same
-step the usual way (engine.torch_reference), measured when PyTorch is
-importable.
+waits on it; a window can poll it from a timer). The child times it with
+engine.bench_timing.measure (the timing loop and the row, BenchResult).
+`torch` is PyTorch's CPU build doing the same step the usual way
+(engine.torch_reference), measured when PyTorch is importable.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
 import json
-import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from .backends import list_backends, open_backend
+from .backends import list_backends
+from .bench_timing import TORCH, BenchResult, Budget, measure
 from .config import get_preset
 from .data import Corpus
 from .errors import Cancelled
 
-TORCH = "torch"
-WARMUP_S = 0.3  # warm-up when its steps are not given: at least this long, and 3 steps
-MEASURE_S = 2.0  # measure at least this long...
-MEASURE_STEPS = 20  # ...and at least this many steps, whichever takes longer
-SAMPLE_NAMES = 10  # names drawn in the timed sample() call
-CHUNKS = 10  # the measured steps run in about this many train(k) calls
 POLL_S = 0.05  # how often Measurement.wait looks at the child and the cancel hook
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How much of one configuration to measure."""
-
-    steps: int = MEASURE_STEPS  # at least this many measured steps
-    seconds: float = MEASURE_S  # and at least this many measured seconds (0: steps only)
-    warmup: int | None = None  # warm-up steps; None: at least 3 and WARMUP_S seconds
-    sample_names: int = SAMPLE_NAMES  # names in the timed backend.sample() call; 0: none
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.seconds < 0 or (self.warmup or 0) < 0 or self.sample_names < 0:
-            raise ValueError(f"a bench budget needs steps >= 1 and no negative values, got {self}")
-
-
-@dataclass
-class BenchResult:
-    backend: str
-    preset: str
-    status: str  # "ok", "skipped", "error" or "cancelled"
-    reason: str = ""
-    params: int = 0
-    ms_per_step: float = 0.0  # median of the chunks
-    ms_min: float = 0.0  # fastest chunk
-    ms_max: float = 0.0  # slowest chunk
-    steps_per_s: float = 0.0
-    peak_rss_mb: float = 0.0
-    steps: int = 0  # measured steps
-    seconds: float = 0.0  # measured time (warm-up and sampling excluded)
-    chunks: int = 0
-    warmup: int = 0
-    sample_names: int = 0
-    sample_ms: float | None = None  # one sample(sample_names) call after the steps; None: not measured
-    load_avg: float | None = None  # 1-minute load average, the higher of before and after
-    cores: int = 0
-    busy: bool = False  # load_avg above cores: other work shared the CPU
-    runs_ms: list[float] = field(default_factory=list)  # every round's ms/step
-    batch: int = 1  # documents per step
-    names_per_s: float = 0.0  # documents trained on per second (steps/s x batch)
-    # `bench --to-loss` (engine.bench_loss): training until the held-out loss reaches target_loss
-    target_loss: float | None = None
-    reached: bool = False  # an evaluation found the held-out loss at or below target_loss
-    train_s: float = 0.0  # training seconds until then (evaluation excluded)
-    eval_s: float = 0.0  # seconds the held-out evaluations took, apart
-    evals: int = 0
-    names_seen: int = 0
-    epochs: float = 0.0
-    heldout_loss: float | None = None  # the last evaluation's
 
 
 # what may run here --------------------------------------------------------
@@ -131,120 +69,6 @@ def availability(names: list[str], with_torch: bool = True) -> dict[str, tuple[b
 
 def default_backends() -> list[str]:
     return [info.name for info in list_backends()] + [TORCH]
-
-
-# one configuration, in this process ----------------------------------------
-
-def peak_rss_mb() -> float:
-    """This process's resident-set high-water mark, in MiB.
-
-    Linux: VmHWM, which starts afresh at exec (ru_maxrss would carry over the
-    parent's peak from before the fork). Elsewhere: ru_maxrss, or NaN.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    try:
-        import resource
-    except ImportError:  # Windows: no getrusage
-        return float("nan")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
-
-
-def load_average() -> float | None:
-    """The 1-minute load average (None where the OS has none, e.g. Windows)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-
-
-def row_load(load_before: float | None, cores: int) -> tuple[float | None, bool]:
-    """A row's load average, the larger of its start's and now's (None where there is
-    none), and whether it exceeded the core count: the row is busy."""
-    loads = [x for x in (load_before, load_average()) if x is not None]
-    load = max(loads) if loads else None
-    return load, load is not None and load > cores
-
-
-def _open(backend: str, preset, corpus: Corpus):
-    """A runner for the preset: an engine backend, or the PyTorch reference."""
-    if backend == TORCH:
-        from .torch_reference import TorchReference
-
-        return TorchReference(preset.model, preset.train, corpus)
-    return open_backend(backend, preset.model, preset.train, corpus)
-
-
-def _warm_up(runner, warmup: int | None) -> tuple[int, float | None]:
-    """Run the warm-up one step per call; (steps run, seconds per step or None)."""
-    least = 3 if warmup is None else warmup
-    start, done = time.perf_counter(), 0
-    while done < least or (warmup is None and time.perf_counter() - start < WARMUP_S):
-        runner.train(1)
-        done += 1
-    return done, (time.perf_counter() - start) / done if done else None
-
-
-def _timed_chunks(runner, budget: Budget, pace: float | None) -> list[tuple[int, float]]:
-    """(steps, seconds) of each train(k) call until at least budget.steps steps and
-    budget.seconds seconds are done. k aims at about CHUNKS calls in all, from the
-    pace so far; once the time is met, the last call stops at budget.steps."""
-    chunks, done, elapsed = [], 0, 0.0
-    while done < budget.steps or elapsed < budget.seconds:
-        k = math.ceil(budget.steps / CHUNKS)
-        if pace:
-            k = max(k, math.ceil(budget.seconds / pace / CHUNKS))
-        if elapsed >= budget.seconds:
-            k = min(k, budget.steps - done)
-        start = time.perf_counter()
-        ran = len(runner.train(k))
-        seconds = time.perf_counter() - start
-        if ran == 0:  # the run's step horizon is reached (see measure): nothing more to time
-            break
-        chunks.append((ran, seconds))
-        done, elapsed = done + ran, elapsed + seconds
-        pace = elapsed / done
-    return chunks
-
-
-def with_batch(preset, batch: int):
-    return replace(preset, train=replace(preset.train, batch_size=batch))
-
-
-def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Budget(),
-            batch: int = 1) -> BenchResult:
-    """Time one configuration in this process (see the module's docstring)."""
-    cores, load_before = os.cpu_count() or 1, load_average()
-    # num_steps only sets the learning-rate decay (and the loss history's length):
-    # far enough for the steps the budget may run even at 50,000 steps/s
-    horizon = 100_000 + budget.steps + (budget.warmup or 0) + int(budget.seconds * 50_000)
-    preset = with_batch(get_preset(preset_name).with_steps(horizon), batch)
-    runner = _open(backend, preset, corpus)
-    try:
-        warmup, pace = _warm_up(runner, budget.warmup)
-        chunks = _timed_chunks(runner, budget, pace)
-        sample_ms = None
-        if budget.sample_names and hasattr(runner, "sample"):
-            start = time.perf_counter()
-            runner.sample(budget.sample_names, temperature=0.5, seed=0)
-            sample_ms = 1e3 * (time.perf_counter() - start)
-        per_step = [1e3 * seconds / steps for steps, seconds in chunks]
-        ms = statistics.median(per_step)
-        load, busy = row_load(load_before, cores)
-        return BenchResult(backend, preset_name, "ok", params=int(runner.num_params),
-                           ms_per_step=ms, ms_min=min(per_step), ms_max=max(per_step),
-                           steps_per_s=1e3 / ms, peak_rss_mb=peak_rss_mb(),
-                           steps=sum(s for s, _ in chunks), seconds=sum(t for _, t in chunks),
-                           chunks=len(chunks), warmup=warmup, sample_names=budget.sample_names,
-                           sample_ms=sample_ms, load_avg=load, cores=cores, busy=busy, batch=batch,
-                           names_per_s=1e3 * batch / ms)
-    finally:
-        runner.close()
 
 
 # one configuration in its own process ---------------------------------------

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .bench import BenchResult, _open, load_average, peak_rss_mb, row_load, with_batch
+from .bench_timing import BenchResult, _open, load_average, peak_rss_mb, row_load, with_batch
 from .config import get_preset
 from .data import Corpus
 from .learning import HoldoutSchedule, evaluate_if_due

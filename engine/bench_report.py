@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import CHUNKS, BenchResult, Budget, torch_status
+from .bench import torch_status
+from .bench_timing import CHUNKS, BenchResult, Budget
 
 _COLUMNS = "{:<17} {:<11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} {:>5} {:>8} {:>5}"  # 17: futhark-multicore
 

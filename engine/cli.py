@@ -142,7 +142,8 @@ def check_holdout(holdout: int | None, corpus) -> None:
     try:
         resolve_holdout(holdout, len(corpus))
     except ValueError as exc:
-        raise ValueError(f"--{exc}" if holdout is not None else str(exc)) from None  # "--holdout 5 leaves..."
+        # "--holdout 5 leaves..." when the user typed it; the default's message as it is
+        raise (with_flags(exc, DEMO_FLAGS) if holdout is not None else exc) from None
 
 
 def run_demo(args) -> int:
@@ -173,16 +174,13 @@ def run_demo(args) -> int:
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
         report_every = max(1, args.steps // 10)
         warned = False
-        schedule = HoldoutSchedule()
-        elapsed = 0.0
+        schedule = HoldoutSchedule()  # its train_seconds: the ms/step figure's time
         while not backend.finished:
             mark = min(args.steps, (backend.step // report_every + 1) * report_every)
             # bounded calls: one call's losses come back as one array
             start = time.perf_counter()
             losses = backend.train(min(mark - backend.step, MAX_STEPS_PER_CALL))
-            took = time.perf_counter() - start
-            elapsed += took
-            schedule.trained(took)
+            schedule.trained(time.perf_counter() - start)
             if backend.step < mark:
                 continue
             heldout = evaluate_if_due(backend, schedule, backend.finished)
@@ -192,7 +190,7 @@ def run_demo(args) -> int:
             if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
                 print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
                 warned = True
-        history = backend.loss_history
+        history, elapsed = backend.loss_history, schedule.train_seconds
         tail = history[-min(50, len(history)):]
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
               f"{1e3 * elapsed / args.steps:.3f} ms/step, {backend.names_seen / elapsed:,.0f} names/s)")

@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-from . import bench, bench_loss
+from . import bench_loss, bench_timing
 from .config import MAX_BATCH_SIZE, MAX_NUM_STEPS, PRESETS, get_preset
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
@@ -177,7 +177,7 @@ def build_parser() -> OneLineParser:
     demo.add_argument("--holdout", type=non_negative_int, help="documents held out for the held-out loss "
                       "(default: min(1000, 10%% of the documents); 0: none)")
 
-    default = bench.Budget()
+    default = bench_timing.Budget()
     bench_cmd = commands.add_parser(
         "bench", help="measure ms/step, sampling time and memory per backend and preset",
         description="Each (backend, preset) runs in a fresh process: start-up and warm-up (not timed), "
@@ -192,7 +192,7 @@ def build_parser() -> OneLineParser:
     bench_cmd.add_argument("--seconds", type=non_negative_float, default=default.seconds,
                            help=f"...and at least this many seconds (default {default.seconds:g}; 0: steps only)")
     bench_cmd.add_argument("--warmup", type=non_negative_int,
-                           help=f"warm-up steps (default: at least 3 and {bench.WARMUP_S:g} s)")
+                           help=f"warm-up steps (default: at least 3 and {bench_timing.WARMUP_S:g} s)")
     bench_cmd.add_argument("--sample-names", type=non_negative_int, default=default.sample_names, metavar="N",
                            help=f"time one sample call of N names after the steps (default {default.sample_names}; 0: none)")
     bench_cmd.add_argument("--rounds", type=positive_int, default=1,

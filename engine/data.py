@@ -148,22 +148,6 @@ class Corpus:
             self._arrays = TokenArrays(tokens, offsets, lengths)
         return self._arrays
 
-    def step_window(self, step: int, block_size: int) -> tuple[int, int]:
-        """microgpt's step: document step % len(docs), n = min(block_size, len(tokens) - 1).
-
-        Returns (offset, n): the step's inputs are tokens[offset : offset + n]
-        and its targets the same window one token later.
-        """
-        a = self.arrays
-        d = step % len(self.docs)
-        return int(a.offsets[d]), min(block_size, int(a.lengths[d]) - 1)
-
-    def step_tokens(self, step: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """The inputs and targets of microgpt's step (see step_window)."""
-        off, n = self.step_window(step, block_size)
-        tokens = self.arrays.tokens
-        return tokens[off : off + n], tokens[off + 1 : off + 1 + n]
-
     def count_truncated(self, block_size: int) -> int:
         """Documents longer than block_size - 1 characters lose their tail in training."""
         return int(np.count_nonzero(self.arrays.lengths - 2 > block_size - 1))

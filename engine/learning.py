@@ -74,11 +74,12 @@ def evaluation_estimate(split, seconds_per_step: float) -> float:
 def evaluate_if_due(runner, schedule: HoldoutSchedule, finished: bool = False,
                     clock=time.perf_counter, cancel=None) -> float | None:
     """The held-out loss when the schedule says it is due (timed into it), else
-    None; None also for a run that holds out nothing. cancel: passed to
+    None; None also for a run that holds out nothing. runner: a Backend or
+    TorchReference (engine.backends.base.HeldoutEvaluation). cancel: passed to
     heldout_loss (Cancelled propagates; the schedule counts nothing then)."""
     if runner.holdout == 0 or not schedule.due(finished):
         return None
     start = clock()
-    loss = runner.heldout_loss() if cancel is None else runner.heldout_loss(cancel=cancel)
+    loss = runner.heldout_loss(cancel=cancel)
     schedule.evaluated(clock() - start)
     return loss

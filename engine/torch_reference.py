@@ -15,10 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig, TrainConfig
-from .backends.base import EVAL_MAX_DOCS
+from .backends.base import HeldoutEvaluation
 from .batches import DataSplit
 from .data import Corpus
-from .learning import HeldoutPoint
 from .model import RMS_EPS
 from .params import init_params, param_specs
 
@@ -73,20 +72,20 @@ class MicroGPT(nn.Module):
                 own[f"{name}.weight"].copy_(torch.from_numpy(flat[spec.offset : spec.end].reshape(spec.shape)))
 
 
-def batch_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
-    """Each real position's cross-entropy, summed, for padded documents (B, T+1)
-    (engine.batches.Batch's arrays): the sum and, with the count, the batch's mean."""
+def masked_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+    """Each position's cross-entropy for padded documents (B, T+1) (engine.batches.Batch's
+    arrays), 0 at the padding: (B, T). Summed: the batch's loss (with the count, its mean)."""
     tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     logits = net(tokens[:, :-1])
     nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, T)
     mask = torch.arange(nll.shape[1])[None, :] < torch.from_numpy(np.asarray(lengths, dtype=np.int64))[:, None]
-    return (nll * mask).sum()
+    return nll * mask
 
 
-class TorchReference:
+class TorchReference(HeldoutEvaluation):
     """Trains MicroGPT on the corpus as the backends do: the same documents per
     step (engine.batches.DataSplit), padded and masked at B > 1, and the same
-    held-out loss."""
+    held-out loss (HeldoutEvaluation, Backend's)."""
 
     name = "torch"
 
@@ -94,7 +93,7 @@ class TorchReference:
                  params: np.ndarray | None = None):
         self.model, self.train_config, self.corpus = model, train, corpus
         self.split = DataSplit(corpus, train.holdout, model.block_size, train.batch_size)
-        self.heldout_history: list[HeldoutPoint] = []
+        self._heldout = []  # HeldoutEvaluation's record
         if params is None:
             params = init_params(model, corpus.vocab_size, train.seed, train.init_std)
         self.net = MicroGPT(model, corpus.vocab_size)
@@ -110,34 +109,18 @@ class TorchReference:
     def finished(self) -> bool:
         return self.step >= self.train_config.num_steps
 
-    @property
-    def holdout(self) -> int:
-        return self.split.holdout
-
-    @property
-    def names_seen(self) -> int:
-        return self.split.names_seen(self.step)
-
-    @property
-    def epochs(self) -> float:
-        return self.split.epochs(self.step)
-
     def _step_loss(self) -> torch.Tensor:
         if self.split.batch_size == 1:  # one document, unpadded: microgpt's step
             inputs, targets = self.split.step_tokens(self.step)
             logits = self.net(torch.from_numpy(inputs.astype(np.int64)))
             return F.cross_entropy(logits, torch.from_numpy(targets.astype(np.int64)))
         batch = self.split.batch(self.step)
-        return batch_losses(self.net, batch.tokens, batch.lengths) / batch.positions
+        return masked_losses(self.net, batch.tokens, batch.lengths).sum() / batch.positions
 
-    def heldout_loss(self) -> float:
-        total, count = 0.0, 0
+    def _doc_losses(self, batch) -> np.ndarray:
+        """Each held-out document's summed loss (HeldoutEvaluation.heldout_loss's forward pass)."""
         with torch.no_grad():
-            for batch in self.split.heldout_batches(EVAL_MAX_DOCS):
-                total += float(batch_losses(self.net, batch.tokens, batch.lengths))
-                count += batch.positions
-        self.heldout_history.append(HeldoutPoint(self.step, total / count))
-        return total / count
+            return masked_losses(self.net, batch.tokens, batch.lengths).sum(dim=1).numpy()
 
     def train(self, k: int) -> np.ndarray:
         k = max(0, min(k, self.train_config.num_steps - self.step))

@@ -195,6 +195,17 @@ def _register_two_thread_multicore(request, monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, MULTICORE_2_THREADS, registry._REGISTRY["futhark-multicore"])
 
 
+def assert_same_kernel_run(name: str, actual, desired, *, rtol: float, atol: float) -> None:
+    """Two runs of backend `name`'s kernel from the same state: bit for bit on one
+    thread; on two (MULTICORE_2_THREADS) the multicore scheduler splits sums by
+    timing, so the last bits may differ: within the caller's rtol and atol then
+    (NaN equals NaN)."""
+    if name == MULTICORE_2_THREADS:
+        np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(actual, desired)
+
+
 # -- the sampler's reference ---------------------------------------------------
 
 def reference_samples(params, specs, model, bos: int, num_samples: int, temperature: float,

@@ -1,8 +1,19 @@
-"""microgpt's loss written plainly, position by position, in float64: the
-tests' reference, independent of engine.model (no batching, no backward pass)."""
+"""microgpt's loss written plainly, position by position, in float64, and its
+step's tokens: the tests' reference, independent of engine.model and
+engine.batches (no batching, no backward pass, no token arrays)."""
 from __future__ import annotations
 
 import numpy as np
+
+
+def microgpt_step_tokens(corpus, step: int, block_size: int):
+    """microgpt's step from its definition: document step % len(docs) as bos +
+    its characters + bos, inputs its first n = min(block_size, len(tokens) - 1)
+    tokens, targets the same one later; (T,) int32 each."""
+    doc = corpus.docs[step % len(corpus.docs)]
+    tokens = np.array([corpus.bos, *corpus.encode(doc), corpus.bos], dtype=np.int32)
+    n = min(block_size, len(tokens) - 1)
+    return tokens[:n], tokens[1 : n + 1]
 
 
 def plain_loss_sum(flat, specs, model, inputs, targets) -> float:

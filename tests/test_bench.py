@@ -1,4 +1,5 @@
-"""engine.bench's measurement, and the PyTorch reference it compares against."""
+"""engine.bench's measurement (its timing loop: engine.bench_timing), and the PyTorch
+reference it compares against."""
 from __future__ import annotations
 
 import json
@@ -10,16 +11,16 @@ import numpy as np
 import pytest
 
 import engine
-from engine import bench, bench_report
+from engine import bench, bench_report, bench_timing
 
 DOCS = ["emma", "olivia", "ava", "isabella", "sophia", "charlotte", "mia", "amelia", "harper",
         "evelyn", "abigail", "emily", "elizabeth", "mila", "ella", "avery", "sofia", "camila"]
 
 
 def test_measure_reports_a_consistent_row(monkeypatch):
-    monkeypatch.setattr(bench, "load_average", lambda: 0.25)
+    monkeypatch.setattr(bench_timing, "load_average", lambda: 0.25)
     corpus = engine.Corpus.from_lines(DOCS)
-    row = bench.measure("numpy", "tiny", corpus, bench.Budget(steps=7, seconds=0, warmup=2, sample_names=4))
+    row = bench_timing.measure("numpy", "tiny", corpus, bench_timing.Budget(steps=7, seconds=0, warmup=2, sample_names=4))
     assert (row.status, row.steps, row.warmup, row.chunks, row.sample_names) == ("ok", 7, 2, 7, 4)
     assert row.params == engine.ModelConfig(16, 1, 4, 16).num_params(corpus.vocab_size)
     assert row.ms_min <= row.ms_per_step <= row.ms_max
@@ -54,23 +55,23 @@ class FakeRunner:
 @pytest.fixture
 def fake_clock(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(bench.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(bench_timing.time, "perf_counter", clock.perf_counter)
     return clock
 
 
 def test_timing_runs_for_the_seconds_when_they_take_longer_than_the_steps(fake_clock):
     runner = FakeRunner(fake_clock)
-    warmup, pace = bench._warm_up(runner, None)  # at least 3 steps and WARMUP_S seconds
-    assert warmup == math.ceil(bench.WARMUP_S * 1024) and pace == 2**-10
-    chunks = bench._timed_chunks(runner, bench.Budget(steps=20, seconds=1.5), pace)
+    warmup, pace = bench_timing._warm_up(runner, None)  # at least 3 steps and WARMUP_S seconds
+    assert warmup == math.ceil(bench_timing.WARMUP_S * 1024) and pace == 2**-10
+    chunks = bench_timing._timed_chunks(runner, bench_timing.Budget(steps=20, seconds=1.5), pace)
     # 1.5 s at 1/1024 s a step: 1,536 steps, in CHUNKS calls of 154
-    assert [steps for steps, _ in chunks] == [154] * bench.CHUNKS
+    assert [steps for steps, _ in chunks] == [154] * bench_timing.CHUNKS
     assert sum(seconds for _, seconds in chunks) == 1540 / 1024
 
 
 def test_timing_runs_exactly_the_steps_when_they_take_longer_than_the_seconds(fake_clock):
     runner = FakeRunner(fake_clock)
-    chunks = bench._timed_chunks(runner, bench.Budget(steps=35, seconds=0.01), pace=None)
+    chunks = bench_timing._timed_chunks(runner, bench_timing.Budget(steps=35, seconds=0.01), pace=None)
     steps = [k for k, _ in chunks]
     assert sum(steps) == 35 and max(steps) == 4  # calls of ceil(35 / CHUNKS), the last one shorter
     assert sum(seconds for _, seconds in chunks) >= 0.01
@@ -78,16 +79,16 @@ def test_timing_runs_exactly_the_steps_when_they_take_longer_than_the_seconds(fa
 
 def test_timing_stops_at_the_runs_horizon(fake_clock):
     runner = FakeRunner(fake_clock, horizon=50)
-    chunks = bench._timed_chunks(runner, bench.Budget(steps=20, seconds=10.0), pace=2**-10)
+    chunks = bench_timing._timed_chunks(runner, bench_timing.Budget(steps=20, seconds=10.0), pace=2**-10)
     assert sum(k for k, _ in chunks) == 50  # not an endless loop once train() returns nothing
 
 
 @pytest.mark.parametrize("load, busy", [(3.5, True), (1.5, False), (None, False)])
 def test_a_load_average_above_the_core_count_marks_the_row_busy(load, busy, monkeypatch):
-    monkeypatch.setattr(bench, "load_average", lambda: load)
-    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
-    row = bench.measure("numpy", "tiny", engine.Corpus.from_lines(DOCS),
-                        bench.Budget(steps=2, seconds=0, warmup=1, sample_names=0))
+    monkeypatch.setattr(bench_timing, "load_average", lambda: load)
+    monkeypatch.setattr(bench_timing.os, "cpu_count", lambda: 2)
+    row = bench_timing.measure("numpy", "tiny", engine.Corpus.from_lines(DOCS),
+                        bench_timing.Budget(steps=2, seconds=0, warmup=1, sample_names=0))
     assert (row.load_avg, row.cores, row.busy, row.sample_ms) == (load, 2, busy, None)
     assert row.sample_ms is None and bench_report.table_row(row).split()[7] == "-"  # sample ms column
     assert bench_report.table_row(row).endswith(" busy") == busy
@@ -162,6 +163,24 @@ def test_torch_reference_matches_the_numpy_backend(warmup):
     theirs = TorchReference(model, train, corpus).train(40)
     assert np.isfinite(ours).all() and ours[-10:].mean() < ours[:10].mean()
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_torch_reference_heldout_loss_is_the_numpy_backends():
+    """TorchReference's held-out loss (padded, masked autograd forward) equals the
+    hand-written backend's at the same steps, with the backends' record and cancel."""
+    pytest.importorskip("torch", reason="PyTorch is optional; the comparison needs it")
+    from engine.torch_reference import TorchReference
+
+    corpus = engine.Corpus.from_lines(DOCS)
+    model = engine.ModelConfig(n_embd=24, n_layer=2, n_head=3, block_size=8)
+    train = replace(engine.TrainConfig(num_steps=40), batch_size=2, holdout=4, init_std=0.1, seed=5)
+    ours, theirs = engine.open_backend("numpy", model, train, corpus), TorchReference(model, train, corpus)
+    ours.train(6), theirs.train(6)
+    assert theirs.heldout_loss() == pytest.approx(ours.heldout_loss(), abs=1e-5)
+    with pytest.raises(engine.Cancelled):
+        theirs.heldout_loss(cancel=lambda: True)
+    theirs.heldout_loss()  # the same step again: one entry
+    assert [p.step for p in theirs.heldout_history] == [6]
 
 
 def test_rounds_report_the_median_run_and_the_largest_peak():

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import engine.backends.cupy_backend as cb
+import engine.backends.cupy_probe as cupy_probe
 import engine.backends.numpy_backend as nb
 from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
                     list_backends, open_backend)
@@ -29,6 +30,7 @@ from engine.backends.numpy_backend import NumpyBackend
 from engine.model import adam_update
 
 from cupy_support import HostLogicBackend, assert_same_state, poisoned_params
+from reference_model import microgpt_step_tokens
 
 
 # -- the fused Adam step's arithmetic (no GPU needed) -----------------------
@@ -97,11 +99,11 @@ def test_kernel_source_holds_the_statements_and_compiles_where_nvrtc_is_present(
 
 # -- CupyBackend's chunk logic, run on NumPy arrays --------------------------
 
-def test_device_token_slices_equal_corpus_step_tokens(names_corpus):
+def test_device_token_slices_equal_microgpts_step_tokens(names_corpus):
     model = ModelConfig(16, 1, 4, 8)  # short block: long names get truncated
     backend = HostLogicBackend(model, TrainConfig(num_steps=10, holdout=0), names_corpus)  # microgpt's order
     for step in (0, 1, 2, 100, len(names_corpus) - 1, len(names_corpus), 3 * len(names_corpus) + 5):
-        got, want = backend._tokens(step), names_corpus.step_tokens(step, model.block_size)
+        got, want = backend._tokens(step), microgpt_step_tokens(names_corpus, step, model.block_size)
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
 
@@ -226,52 +228,52 @@ def fake_cupy(count=1, count_error=None, driver=12090, runtime_version=12090, ke
 
 def test_probe_says_how_to_install_when_cupy_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail
-    assert cb.probe_cupy() == (False, "CuPy is not installed: pip install 'microgpt-gui[cuda]'")
+    assert cupy_probe.probe_cupy() == (False, "CuPy is not installed: pip install 'microgpt-gui[cuda]'")
 
 
 def test_probe_names_a_broken_cupy_install():
     def broken():
         raise ModuleNotFoundError("No module named 'cuda'", name="cuda")
 
-    ok, reason = cb.probe_cupy(broken)
+    ok, reason = cupy_probe.probe_cupy(broken)
     assert not ok and "does not import" in reason and "No module named 'cuda'" in reason
-    assert cb.INSTALL_HINT in reason
+    assert cupy_probe.INSTALL_HINT in reason
 
 
 def test_probe_tells_no_driver_from_an_old_driver():
-    ok, reason = cb.probe_cupy(fake_cupy(count_error=35, driver=0))
+    ok, reason = cupy_probe.probe_cupy(fake_cupy(count_error=35, driver=0))
     assert not ok and reason.startswith("no NVIDIA driver found")
-    ok, reason = cb.probe_cupy(fake_cupy(count_error=35, driver=11080, runtime_version=12090))
+    ok, reason = cupy_probe.probe_cupy(fake_cupy(count_error=35, driver=11080, runtime_version=12090))
     assert not ok and reason.startswith("the NVIDIA driver is too old for this CuPy")
     assert "supports CUDA 11.8" in reason and "needs CUDA 12.9" in reason
 
 
 def test_probe_reports_no_device(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert cb.probe_cupy(fake_cupy(count=0)) == (False, "no CUDA device found")
+    assert cupy_probe.probe_cupy(fake_cupy(count=0)) == (False, "no CUDA device found")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    ok, reason = cb.probe_cupy(fake_cupy(count_error=100))
+    ok, reason = cupy_probe.probe_cupy(fake_cupy(count_error=100))
     assert not ok and reason.startswith("no CUDA device found")
     assert "CUDA_VISIBLE_DEVICES is set to ''" in reason
 
 
 def test_probe_reports_other_cuda_failures_and_broken_libraries():
-    ok, reason = cb.probe_cupy(fake_cupy(count_error=803))
+    ok, reason = cupy_probe.probe_cupy(fake_cupy(count_error=803))
     assert not ok and "reboot" in reason
-    ok, reason = cb.probe_cupy(fake_cupy(count_error=999))
+    ok, reason = cupy_probe.probe_cupy(fake_cupy(count_error=999))
     assert not ok and reason.startswith("CUDA did not start") and "cudaErrorUnknown" in reason
-    ok, reason = cb.probe_cupy(fake_cupy(kernel_error=OSError("libnvrtc.so.12: cannot open")))
+    ok, reason = cupy_probe.probe_cupy(fake_cupy(kernel_error=OSError("libnvrtc.so.12: cannot open")))
     assert not ok and "could not run a test kernel" in reason and "libnvrtc.so.12" in reason
     assert "cupy-cuda12x[ctk]" in reason
 
 
 def test_probe_accepts_a_device_that_computes():
-    assert cb.probe_cupy(fake_cupy()) == (True, "CuPy 14.0 on NVIDIA Test GPU")
+    assert cupy_probe.probe_cupy(fake_cupy()) == (True, "CuPy 14.0 on NVIDIA Test GPU")
 
 
 def test_registry_lists_cupy_and_open_fails_clearly_without_it(monkeypatch, small_corpus):
     monkeypatch.setitem(sys.modules, "cupy", None)
-    monkeypatch.setattr(cb, "_probe_result", None)
+    monkeypatch.setattr(cupy_probe, "_probe_result", None)
     info = {b.name: b for b in list_backends()}
     assert info["cupy"].available is False
     assert info["cupy"].reason == "CuPy is not installed: pip install 'microgpt-gui[cuda]'"
@@ -286,6 +288,6 @@ def test_list_backends_survives_a_probe_that_raises(monkeypatch):
     def explode():
         raise RuntimeError("driver exploded")
 
-    monkeypatch.setattr(cb, "probe", explode)
+    monkeypatch.setattr(cupy_probe, "probe", explode)
     info = {b.name: b for b in list_backends()}
     assert info["cupy"].available is False and "driver exploded" in info["cupy"].reason

@@ -178,29 +178,14 @@ def test_token_arrays_layout(names_corpus):
         assert run == [bos] + [names_corpus.chars.index(ch) for ch in doc] + [bos]
 
 
-def test_step_tokens_follow_microgpt(names_corpus):
-    block = 16
-    for step in (0, 1, 5, len(names_corpus) + 3):  # wraps around: step % len(docs)
-        doc = names_corpus.docs[step % len(names_corpus)]
-        tokens = [names_corpus.bos] + names_corpus.encode(doc) + [names_corpus.bos]
-        n = min(block, len(tokens) - 1)
-        inputs, targets = names_corpus.step_tokens(step, block)
-        assert inputs.tolist() == tokens[:n] and targets.tolist() == tokens[1 : n + 1]
-
-
-def test_long_documents_are_truncated_and_counted():
+def test_long_documents_are_counted():
+    """(What they train on: test_learning.py's test_long_documents_train_on_their_first_block_size_tokens.)"""
     docs = ["ab", "abcdefg", "abcdefgh", "abcdefghijkl"]  # 2, 7, 8, 12 characters
     corpus = Corpus(docs, shuffled=True)  # keep this order
     block = 8
     # a document fits when len(doc) <= block_size - 1 (its final bos target is then seen)
     assert corpus.count_truncated(block) == sum(len(d) > block - 1 for d in docs) == 2
     assert corpus.count_truncated(64) == 0
-    inputs, targets = corpus.step_tokens(3, block)
-    assert len(inputs) == len(targets) == block
-    assert corpus.decode(inputs.tolist()) == "abcdefg"  # bos + the first 7 characters
-    assert targets[-1] != corpus.bos  # the tail (and the closing bos) is cut off
-    inputs, targets = corpus.step_tokens(1, block)  # exactly block-1 characters: fits
-    assert len(inputs) == block and targets[-1] == corpus.bos
 
 
 def test_names_truncation_count(names_corpus):

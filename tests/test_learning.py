@@ -15,7 +15,7 @@ from engine.backends import base
 from engine.backends.numpy_backend import NumpyBackend
 from engine.batches import DataSplit, default_holdout
 from engine.model import Weights, adam_update, batch_mask, doc_losses, loss_and_grad
-from reference_model import plain_loss_sum
+from reference_model import microgpt_step_tokens, plain_loss_sum
 from test_reference import microgpt_train
 
 MODEL = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)
@@ -53,7 +53,26 @@ def test_step_documents_follow_the_training_order_and_skip_the_heldout_ones():
     assert [split.step_documents(s).tolist() for s in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]]
     one = DataSplit(corpus(), holdout=0, block_size=8)
     for step in range(25):  # B = 1, nothing held out: microgpt's step
-        assert [a.tolist() for a in one.step_tokens(step)] == [a.tolist() for a in corpus().step_tokens(step, 8)]
+        assert [a.tolist() for a in one.step_tokens(step)] == [a.tolist() for a in microgpt_step_tokens(corpus(), step, 8)]
+
+
+def test_step_tokens_follow_microgpt(names_corpus):
+    split = DataSplit(names_corpus, holdout=0, block_size=16)
+    for step in (0, 1, 5, len(names_corpus) + 3):  # wraps around: step % len(docs)
+        inputs, targets = split.step_tokens(step)
+        want_inputs, want_targets = microgpt_step_tokens(names_corpus, step, 16)
+        assert inputs.tolist() == want_inputs.tolist() and targets.tolist() == want_targets.tolist()
+
+
+def test_long_documents_train_on_their_first_block_size_tokens():
+    corpus = Corpus(["ab", "abcdefg", "abcdefgh", "abcdefghijkl"], shuffled=True)  # keep this order
+    split = DataSplit(corpus, holdout=0, block_size=8)
+    inputs, targets = split.step_tokens(3)
+    assert len(inputs) == len(targets) == 8
+    assert corpus.decode(inputs.tolist()) == "abcdefg"  # bos + the first 7 characters
+    assert targets[-1] != corpus.bos  # the tail (and the closing bos) is cut off
+    inputs, targets = split.step_tokens(1)  # exactly block-1 characters: fits
+    assert len(inputs) == 8 and targets[-1] == corpus.bos
 
 
 def test_a_batch_is_its_documents_padded_with_bos():
@@ -174,7 +193,7 @@ def test_padding_changes_nothing():
 # B = 1 and the training order -------------------------------------------------------
 
 def test_b1_without_holdout_is_microgpt_bit_for_bit(names_corpus):
-    """The backend's losses equal a loop of engine.model over microgpt's order (Corpus.step_tokens)."""
+    """The backend's losses equal a loop of engine.model over microgpt's order (microgpt_step_tokens)."""
     model = ModelConfig()
     train = TrainConfig(num_steps=40, holdout=0)
     got = open_backend("numpy", model, train, names_corpus).train(40)
@@ -183,7 +202,7 @@ def test_b1_without_holdout_is_microgpt_bit_for_bit(names_corpus):
     g, m, v = (np.zeros_like(p) for _ in range(3))
     want = []
     for step in range(40):
-        inputs, targets = names_corpus.step_tokens(step, model.block_size)
+        inputs, targets = microgpt_step_tokens(names_corpus, step, model.block_size)
         want.append(loss_and_grad(Weights(p, specs, model), Weights(g, specs, model), inputs, targets, model, np))
         adam_update(p, g, m, v, np.empty_like(p), train.lr_at(step), train.beta1, train.beta2, train.eps, step, np)
     assert np.array_equal(got, np.array(want, dtype=np.float32))

@@ -113,7 +113,7 @@ class FakeRunner:
         self.clock[0] += 0.01 * k
         return np.zeros(k)
 
-    def heldout_loss(self):
+    def heldout_loss(self, cancel=None):
         self.calls += 1
         self.clock[0] += 0.05
         return 3.0 - 0.01 * self.step

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from engine import Corpus, ModelConfig, init_params, param_specs
+from engine.batches import DataSplit
 from engine.model import Weights, loss_and_grad
 from reference_model import plain_loss_sum
 
@@ -19,6 +20,11 @@ ABS_TOL = 1e-9    # central differences' own error here is about 2e-10 (rounding
 def corpus():
     # kept in this order: doc 0 is short (wpe tail unused), doc 1 is longer than block_size
     return Corpus(["abca", "cabbagecabbage"], shuffled=True)
+
+
+def doc_tokens(corpus, doc):
+    """Document doc's inputs and targets as training takes them (truncated to block_size)."""
+    return DataSplit(corpus, 0, MODEL.block_size).step_tokens(doc)
 
 
 def float64_setup(corpus, seed=5, std=0.3):
@@ -43,7 +49,7 @@ def reference_loss(flat, specs, inputs, targets):
 @pytest.mark.parametrize("doc", [0, 1], ids=["short-doc", "truncated-doc"])
 def test_loss_matches_a_plain_position_by_position_forward(corpus, doc):
     specs, flat, _ = float64_setup(corpus)
-    inputs, targets = corpus.step_tokens(doc, MODEL.block_size)
+    inputs, targets = doc_tokens(corpus, doc)
     assert loss_at(flat, specs, inputs, targets) == pytest.approx(
         reference_loss(flat, specs, inputs, targets), rel=1e-12)
 
@@ -51,7 +57,7 @@ def test_loss_matches_a_plain_position_by_position_forward(corpus, doc):
 @pytest.mark.parametrize("doc", [0, 1], ids=["short-doc", "truncated-doc"])
 def test_gradient_matches_finite_differences(corpus, doc):
     specs, flat, grad = float64_setup(corpus)
-    inputs, targets = corpus.step_tokens(doc, MODEL.block_size)
+    inputs, targets = doc_tokens(corpus, doc)
     if doc == 1:
         assert len(inputs) == MODEL.block_size < len(corpus.docs[1]) + 1  # truncation path
     loss = loss_and_grad(Weights(flat, specs, MODEL), Weights(grad, specs, MODEL),
@@ -82,7 +88,7 @@ def test_gradient_matches_finite_differences(corpus, doc):
 
 def test_gradient_is_exactly_zero_where_the_loss_does_not_depend(corpus):
     specs, flat, grad = float64_setup(corpus)
-    inputs, targets = corpus.step_tokens(0, MODEL.block_size)  # "abca": 5 positions of 8
+    inputs, targets = doc_tokens(corpus, 0)  # "abca": 5 positions of 8
     t = len(inputs)
     assert t < MODEL.block_size
     loss_and_grad(Weights(flat, specs, MODEL), Weights(grad, specs, MODEL), inputs, targets, MODEL, np)
@@ -100,8 +106,8 @@ def test_gradient_is_exactly_zero_where_the_loss_does_not_depend(corpus):
 
 def test_gradient_overwrites_stale_values(corpus):
     specs, flat, grad = float64_setup(corpus)
-    long_in, long_tg = corpus.step_tokens(1, MODEL.block_size)
-    short_in, short_tg = corpus.step_tokens(0, MODEL.block_size)
+    long_in, long_tg = doc_tokens(corpus, 1)
+    short_in, short_tg = doc_tokens(corpus, 0)
     loss_and_grad(Weights(flat, specs, MODEL), Weights(grad, specs, MODEL), long_in, long_tg, MODEL, np)
     loss_and_grad(Weights(flat, specs, MODEL), Weights(grad, specs, MODEL), short_in, short_tg, MODEL, np)
     fresh = np.full_like(flat, 123.0)

@@ -29,7 +29,7 @@ def _numpy_open(model, train, corpus, params):
 
 
 def _cupy_probe() -> tuple[bool, str]:
-    from .cupy_backend import probe
+    from .cupy_probe import probe
 
     return probe()
 

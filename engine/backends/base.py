@@ -60,7 +60,61 @@ EVAL_MAX_DOCS = 1024
 EVAL_BYTES = 64 << 20
 
 
-class Backend(ABC):
+class HeldoutEvaluation:
+    """The held-out bookkeeping every runner shares (Backend, and bench's
+    engine.torch_reference.TorchReference): progress over self.split (an
+    engine.batches.DataSplit) at self.step, and the held-out loss from the
+    runner's _doc_losses(batch) (Backend's abstract method says what it returns).
+    The runner sets self._heldout = [] at step 0."""
+
+    split: DataSplit
+    model: ModelConfig
+    corpus: Corpus
+    step: int
+    _heldout: list[HeldoutPoint]
+
+    @property
+    def holdout(self) -> int:
+        """Documents held out of training (0: none, and no held-out loss)."""
+        return self.split.holdout
+
+    @property
+    def names_seen(self) -> int:
+        """Training documents trained on so far (repeats counted): step x batch size."""
+        return self.split.names_seen(self.step)
+
+    @property
+    def epochs(self) -> float:
+        """Passes over the training documents so far."""
+        return self.split.epochs(self.step)
+
+    @property
+    def heldout_history(self) -> list[HeldoutPoint]:
+        return list(self._heldout)
+
+    def heldout_loss(self, cancel: Callable[[], bool] | None = None) -> float:
+        """The mean per-token loss over every held-out document at the current
+        parameters (a forward pass only; training state unchanged). Recorded in
+        heldout_history at the current step. cancel() is asked between batches of
+        documents: True raises Cancelled (nothing recorded)."""
+        if self.holdout == 0:
+            raise ValueError("this run holds out no documents (holdout 0): there is no held-out loss")
+        t = int(self.split.positions.max())
+        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, t))
+        total, count = 0.0, 0
+        for batch in self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc))):
+            if cancel is not None and cancel():
+                raise Cancelled("the held-out evaluation was cancelled")
+            total += float(np.sum(np.asarray(self._doc_losses(batch), dtype=np.float64)))
+            count += batch.positions
+        loss = total / count
+        if self._heldout and self._heldout[-1].step == self.step:  # evaluated again: same parameters
+            self._heldout.pop()
+        self._heldout.append(HeldoutPoint(self.step, loss))
+        return loss
+
+
+class Backend(HeldoutEvaluation, ABC):
     name: str = "?"
     # Parameter-sized float32 buffers this backend holds in host memory at its
     # peak (the initial parameters and a read-back copy, by default).
@@ -187,50 +241,10 @@ class Backend(ABC):
     def loss_history(self) -> np.ndarray:
         return self._losses[: self._step].copy()
 
-    # batches, epochs and the held-out loss -----------------------------------
+    # batches (epochs and the held-out loss: HeldoutEvaluation) -----------------
     @property
     def batch_size(self) -> int:
         return self.split.batch_size
-
-    @property
-    def holdout(self) -> int:
-        """Documents held out of training (0: none, and no held-out loss)."""
-        return self.split.holdout
-
-    @property
-    def names_seen(self) -> int:
-        """Training documents trained on so far (repeats counted): step x batch size."""
-        return self.split.names_seen(self._step)
-
-    @property
-    def epochs(self) -> float:
-        """Passes over the training documents so far."""
-        return self.split.epochs(self._step)
-
-    @property
-    def heldout_history(self) -> list[HeldoutPoint]:
-        return list(self._heldout)
-
-    def heldout_loss(self, cancel: Callable[[], bool] | None = None) -> float:
-        """The mean per-token loss over every held-out document at the current
-        parameters (a forward pass only; training state unchanged). Recorded in
-        heldout_history at the current step. cancel() is asked between batches of
-        documents: True raises Cancelled (nothing recorded)."""
-        if self.holdout == 0:
-            raise ValueError("this run holds out no documents (holdout 0): there is no held-out loss")
-        t = int(self.split.positions.max())
-        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, t))
-        total, count = 0.0, 0
-        for batch in self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc))):
-            if cancel is not None and cancel():
-                raise Cancelled("the held-out evaluation was cancelled")
-            total += float(np.sum(np.asarray(self._doc_losses(batch), dtype=np.float64)))
-            count += batch.positions
-        loss = total / count
-        if self._heldout and self._heldout[-1].step == self._step:  # evaluated again: same parameters
-            self._heldout.pop()
-        self._heldout.append(HeldoutPoint(self._step, loss))
-        return loss
 
     def train(self, k: int) -> np.ndarray:
         """The chunked step call: run the next k steps, return each step's loss.

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QListWidget, QSpinBox
 
 import engine
 from engine.backends.futhark_backend import FutharkBackend
-from futhark_support import MULTICORE_2_THREADS
+from futhark_support import MULTICORE_2_THREADS, assert_same_kernel_run
 from test_window import TIMEOUT_MS, click, curve, reference_losses, set_steps, train_to_end, wait_state, widget
 
 pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")]
@@ -17,12 +17,8 @@ STEPS = 300
 
 
 def same_kernel_run(name, actual, expected):
-    """The same kernel's losses: bit for bit on one thread; on two, the multicore
-    scheduler splits sums by timing, so the last bits may differ (as NumPy's 1e-4)."""
-    if name == MULTICORE_2_THREADS:
-        np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4)
-    else:
-        np.testing.assert_array_equal(actual, expected)
+    """The same kernel's losses (assert_same_kernel_run), to NumPy's 1e-4 on two threads."""
+    assert_same_kernel_run(name, actual, expected, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["futhark-c", MULTICORE_2_THREADS])
