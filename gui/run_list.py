@@ -30,6 +30,7 @@ from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema
+from .plot_axes import AXES, NAMES, SECONDS, STEP, axis_label
 from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
@@ -37,10 +38,8 @@ PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121,
            (120, 120, 120), (148, 103, 189), (140, 86, 75), (188, 189, 34)]
 MAX_CHECKED = 8  # a new run unticks the oldest ticked one past this
 OTHER_DATASET = "other dataset"
-STEP, NAMES, SECONDS = "step", "names", "seconds"
 TRAINING, HELDOUT = "training", "heldout"  # what the overlay plots
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
-TIME_AXIS = "training time"
 
 
 class RunListPanel(QWidget):
@@ -70,9 +69,8 @@ class RunListPanel(QWidget):
         header.setStretchLastSection(True)
         self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
-        self.x_axis_combo.addItem("step", STEP)
-        self.x_axis_combo.addItem("names seen", NAMES)
-        self.x_axis_combo.addItem(TIME_AXIS, SECONDS)  # the axis's own words (it adds the unit)
+        for key, text in AXES:  # the loss plot's axes, in its words
+            self.x_axis_combo.addItem(text, key)
         self.x_axis_combo.setToolTip("Compare runs by step, by names seen (step x batch) or by training time "
                                      "(pauses left out)")
         self.y_combo = QComboBox(objectName="runYCombo")
@@ -372,12 +370,8 @@ class RunListPanel(QWidget):
     def _set_axis_label(self) -> None:
         item = self.plot.getPlotItem()
         item.setLabel("left", "held-out loss" if self.y_values == HELDOUT else "smoothed loss")
-        if self.x_axis == STEP:
-            item.setLabel("bottom", "step", units=None)
-        elif self.x_axis == NAMES:
-            item.setLabel("bottom", "names seen", units=None)
-        else:  # pyqtgraph picks ms, s or ks from the range
-            item.setLabel("bottom", TIME_AXIS, units="s")
+        label, units = axis_label(self.x_axis, 0)  # no epoch: the runs' datasets may differ
+        item.setLabel("bottom", label, units=units)
 
     def _show_info(self) -> None:
         checked = self.checked_runs()

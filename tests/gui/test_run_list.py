@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 
 import engine
 from engine.runs import RunRecord
+from gui.loss_plot import LossPlot
 from gui.loss_series import ema
 from gui.run_list import RunListPanel, COLUMNS
 
@@ -89,6 +90,18 @@ def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
     x, _ = panel.curves[id(loaded)].getOriginalDataset()
     assert x is None or len(x) == 0
     assert "No step times for checkpoint" in panel.info.text()
+
+
+def test_the_overlay_offers_the_loss_plots_x_axes_in_its_words(qtbot, panel):
+    plot = LossPlot()
+    qtbot.addWidget(plot)
+    offered = [[(c.itemData(i), c.itemText(i)) for i in range(c.count())] for c in (panel.x_axis_combo,
+                                                                                 plot.x_axis_combo)]
+    assert offered[0] == offered[1] == [("step", "step"), ("names", "names seen"), ("seconds", "training time")]
+    for axis, label, units in [("seconds", "training time", "s"), ("names", "names seen", ""), ("step", "step", "")]:
+        panel.set_x_axis(axis)
+        bottom = panel.plot.getPlotItem().getAxis("bottom")
+        assert (bottom.labelText, bottom.labelUnits) == (label, units)  # no epoch: runs' datasets may differ
 
 
 def test_a_compacted_run_follows_a_new_smoothing_at_the_blocks_weight(qtbot, panel):
