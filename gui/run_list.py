@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
-from .loss_series import GrowingSeries, Resmoother, ema
+from .loss_series import GrowingSeries, Resmoother, ema_last
 from .plot_axes import AXES, NAMES, SECONDS, STEP, axis_label
 from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height
 
@@ -243,12 +243,14 @@ class RunListPanel(QWidget):
                 series.x[first:n] = record.x[first:n] + 1  # steps count from 1, as in the loss plot
         return series
 
-    def smoothed(self, record: RunRecord) -> np.ndarray:
-        """The record's smoothed losses (kept in a series only while it is ticked)."""
+    def last_smoothed(self, record: RunRecord) -> float | None:
+        """The record's last smoothed loss, as its row shows it (None with none): its
+        series' while it is ticked, else from the losses still felt in it (an
+        unticked live run's whole history is not smoothed again at every flush)."""
         if not self.is_checked(record):
-            return ema(record.losses, self.smoothing ** record.block)[0]
+            return ema_last(record.losses, self.smoothing ** record.block)
         series = self._series_of(record)
-        return series.smooth[: series.n]
+        return float(series.smooth[series.n - 1]) if series.n else None
 
     # drawing ------------------------------------------------------------------
     def _row(self, record: RunRecord) -> int:
@@ -256,8 +258,7 @@ class RunListPanel(QWidget):
 
     def _fill_row(self, row: int) -> None:
         r = self.runs[row]
-        smoothed = self.smoothed(r)
-        values = row_texts(r, smoothed)
+        values = row_texts(r, self.last_smoothed(r))
         comparable = self.comparable(r)
         font = QFont(self.table.font())
         font.setItalic(not comparable)

@@ -80,6 +80,24 @@ def test_a_live_run_grows_its_curve_and_row(qtbot, panel):
     np.testing.assert_allclose(y, ema(live.losses, 0.95)[0])
 
 
+def test_an_unticked_live_runs_row_shows_the_full_smoothings_last_value(qtbot, panel):
+    p = engine.PRESETS["tiny"]
+    live = RunRecord("run 1", "numpy", p.model, p.train)
+    panel.add_run(live, checked=False)
+    cell = panel.table.item(0, COLUMNS.index("Smoothed loss"))
+    assert cell.text() == "-"
+    losses = 3.3 - np.linspace(0, 1, 120_000) + np.random.default_rng(4).normal(0, 0.3, 120_000)
+    for first, weight in [(0, 0.999), (40_000, 0.999), (80_000, 0.95)]:  # longer than 0.999 feels
+        panel.set_smoothing(weight)
+        live.extend(losses[first:first + 40_000], first, 40.0)
+        panel.update_run(live)
+        expected = f"{ema(live.losses, weight)[0][-1]:.4f}"
+        qtbot.waitUntil(lambda: panel.table.item(0, COLUMNS.index("Steps")).text() == f"{first + 40_000:,}",
+                        timeout=2000)
+        assert cell.text() == expected
+    assert not panel.curves  # unticked: no curve
+
+
 def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
     p = engine.PRESETS["tiny"]
     loaded = RunRecord("checkpoint", "numpy", p.model, p.train, status="loaded")
