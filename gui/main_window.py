@@ -133,7 +133,7 @@ class MainWindow(QMainWindow):
 
         self.config_panel.changed.connect(self._update_status)
         self.config_panel.openDatasetRequested.connect(self.open_dataset)
-        self.loss_plot.smoothingChanged.connect(self._update_status)
+        # the smoothed loss shown follows the redraw that a new smoothing ends in, not the slider
         self.loss_plot.redrawn.connect(self._update_status)
 
     def _build_controllers(self) -> None:

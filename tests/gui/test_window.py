@@ -360,6 +360,32 @@ def test_menus_about_and_hover_readout(make_window, names_path, qtbot):
     assert plot.readout.text().startswith(f"step 12: loss {losses[11]:.4f}")  # steps count from 1
 
 
+@pytest.mark.parametrize("in_background", [False, True])
+def test_a_smoothing_move_rebuilds_the_status_bar_once(make_window, names_path, qtbot, monkeypatch, in_background):
+    from gui import loss_series
+    from gui.loss_series import ema
+    from gui.main_window import MainWindow
+
+    if in_background:  # as a long run's is: the new smoothing comes from the worker thread
+        monkeypatch.setattr(loss_series, "SYNC_STEPS", 0)
+
+    rebuilds = []
+    rebuild = MainWindow._update_status
+    monkeypatch.setattr(MainWindow, "_update_status", lambda self, *a: (rebuilds.append(1), rebuild(self, *a)))
+    window = make_window(names_path)
+    train_to_end(qtbot, window, 40)
+    plot = window.loss_plot
+    plot.flush()
+    qtbot.wait(100)  # any redraw still scheduled has come
+    losses = window.session.worker.loss_history()
+    rebuilds.clear()
+    with qtbot.waitSignal(plot.redrawn, timeout=TIMEOUT_MS):
+        plot.smoothing_slider.setValue(600)
+    qtbot.wait(100)  # a second rebuild would come meanwhile
+    assert len(rebuilds) == 1
+    assert window.status_labels["smoothed"].text() == f"Smoothed {ema(losses, 0.6)[0][-1]:.4f}"
+
+
 def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
     from PySide6.QtGui import QGuiApplication
 
