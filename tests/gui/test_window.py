@@ -290,6 +290,41 @@ def test_bad_files_give_messages_and_change_nothing(make_window, names_path, qtb
     train_to_end(qtbot, window, 10)
 
 
+def test_only_the_newest_open_dataset_and_load_checkpoint_count(make_window, names_path, qtbot, tmp_path,
+                                                                 monkeypatch):
+    import threading
+
+    from gui import dataset_control, file_actions
+
+    window = make_window(names_path)
+    gates = {str(tmp_path / name): threading.Event() for name in ("slow.txt", "fast.txt", "slow.npz")}
+    for name, text in [("slow.txt", "ann\nbob\n"), ("fast.txt", "cat\ndog\n")]:
+        (tmp_path / name).write_text(text)
+    read_corpus = dataset_control.read_corpus
+
+    def read_when_let(path):  # each file is read once its gate opens
+        assert gates[path].wait(TIMEOUT_MS / 1000)
+        return read_corpus(path)
+
+    monkeypatch.setattr(dataset_control, "read_corpus", read_when_let)
+    slow, fast = (str(tmp_path / name) for name in ("slow.txt", "fast.txt"))
+    window.open_dataset(slow)
+    window.open_dataset(fast)  # supersedes the slow read
+    gates[fast].set()
+    qtbot.waitUntil(lambda: window.dataset_path == fast, timeout=TIMEOUT_MS)
+    assert not window.reading_dataset
+    gates[slow].set()
+    qtbot.wait(200)  # the slow read's report comes, and is dropped
+    assert window.dataset_path == fast and window.corpus.chars == list("acdgot") and not window.messages
+
+    monkeypatch.setattr(file_actions, "read_checkpoint", read_when_let)
+    window.load_checkpoint(str(tmp_path / "slow.npz"))
+    window.reset()  # forgets the checkpoint being read
+    gates[str(tmp_path / "slow.npz")].set()  # read_corpus of a missing file: a failure, dropped
+    qtbot.wait(200)
+    assert not window.messages and window.state == "none"
+
+
 def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path):
     window = make_window(names_path)
     train_to_end(qtbot, window, 40)
