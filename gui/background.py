@@ -10,6 +10,8 @@ writes to) only leaves a sleeping daemon thread, which does not keep the
 process from exiting. A report whose receiver has gone (the window closed
 meanwhile) is dropped by `emit_while_alive`, the one guard every thread that
 reports to Qt objects uses (training sessions, inspect workers, these calls).
+`NewestCall` keeps only the newest of a kind of call (Open dataset, Load
+checkpoint): a call superseded by a newer one, or forgotten, reports nothing.
 """
 from __future__ import annotations
 
@@ -64,11 +66,46 @@ class BackgroundCall(QObject):
 def run_in_background(fn: Callable, *args, parent: QObject, name: str = "",
                       on_done: Callable | None = None, on_failed: Callable | None = None) -> BackgroundCall:
     """Start fn(*args) off the GUI thread; on_done(result) / on_failed(exc) on the
-    GUI thread. Returns the call (compare it with the newest one to drop a
-    superseded call's report: `call.args` are its args)."""
+    GUI thread. Returns the call (`call.args` are its args; NewestCall drops a
+    superseded call's report)."""
     call = BackgroundCall(name or getattr(fn, "__name__", "background"), fn, *args, parent=parent)
     if on_done is not None:
         call.done.connect(lambda c, result: on_done(result))
     if on_failed is not None:
         call.failed.connect(lambda c, exc: on_failed(exc))
     return call.start()
+
+
+class NewestCall:
+    """Background calls of one kind where the newest wins: starting one supersedes
+    the call before, forget() drops the call going, and only the newest call's
+    report reaches its on_done / on_failed (the call is over before they run)."""
+
+    def __init__(self, parent: QObject, name: str):
+        self._parent, self._name = parent, name
+        self._call: BackgroundCall | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A call is going whose report will count."""
+        return self._call is not None
+
+    def start(self, fn: Callable, *args, on_done: Callable, on_failed: Callable) -> BackgroundCall:
+        """Start fn(*args), superseding the call going; returns the new call."""
+        def if_newest(handler):
+            # `call` is bound below, before any report: reports are queued to this (the GUI) thread
+            return lambda value: self._report(call, handler, value)
+
+        call = self._call = run_in_background(fn, *args, parent=self._parent, name=self._name,
+                                              on_done=if_newest(on_done), on_failed=if_newest(on_failed))
+        return call
+
+    def forget(self) -> None:
+        """The call going (if any) reports nothing."""
+        self._call = None
+
+    def _report(self, call: BackgroundCall, handler: Callable, value) -> None:
+        if call is not self._call:
+            return  # superseded by a newer call, or forgotten
+        self._call = None
+        handler(value)

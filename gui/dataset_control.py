@@ -13,7 +13,7 @@ from PySide6.QtCore import QObject, Signal
 import engine
 from engine.run import DatasetIdentity, Phase, RunModel
 
-from .background import BackgroundCall, run_in_background
+from .background import NewestCall
 from .config_panel import ConfigPanel
 from .loss_plot import LossPlot
 from .run_control import RunController
@@ -42,14 +42,14 @@ class DatasetController(QObject):
         self.corpus: engine.Corpus | None = None
         self.identity: DatasetIdentity | None = None
         self.path: str | None = None
-        self._read: BackgroundCall | None = None  # the latest Open dataset, until it reports
+        self._read = NewestCall(self, "read-dataset")  # the latest Open dataset, until it reports
         run.subscribe(lambda model, what: self.show_info() if what in ("run", "phase") else None)
         config_panel.changed.connect(self.show_info)
         runs.reading_problem = lambda: "reading the dataset..." if self.reading else ""
 
     @property
     def reading(self) -> bool:
-        return self._read is not None
+        return self._read.busy
 
     def open(self, path: str | None = None) -> bool:
         """Start reading a dataset (off the GUI thread); True when a read started.
@@ -59,22 +59,17 @@ class DatasetController(QObject):
             if not path:
                 return False
         path = str(path)
-        call = self._read = run_in_background(
-            read_corpus, path, parent=self, name="read-dataset",
-            on_done=lambda result: self._on_read(call, path, *result),
-            on_failed=lambda exc: self._on_failed(call, path, exc))
+        self._read.start(read_corpus, path, on_done=lambda result: self._on_read(path, *result),
+                         on_failed=lambda exc: self._on_failed(path, exc))
         self.panel.dataset_info.setText(f"Reading {Path(path).name}...")
         self.runs.update_actions()
         return True
 
     def forget_read(self) -> None:
         """Closing: a read still going is dropped when it reports."""
-        self._read = None
+        self._read.forget()
 
-    def _on_read(self, call, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
-        if call is not self._read:
-            return  # a later Open dataset superseded this one
-        self._read = None
+    def _on_read(self, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
         self.runs.guard.confirm(f"Opening {Path(path).name}", lambda: self._use(path, corpus, identity))
         self.show_info()
         self.runs.update_actions()
@@ -90,10 +85,7 @@ class DatasetController(QObject):
         self.runs.update_actions()
         self.changed.emit(path)
 
-    def _on_failed(self, call, path: str, exc: Exception) -> None:
-        if call is not self._read:
-            return
-        self._read = None
+    def _on_failed(self, path: str, exc: Exception) -> None:
         message = str(exc) if isinstance(exc, engine.DatasetError) else f"cannot read {path}: {exc}"
         self.show_info()
         self.runs.update_actions()
@@ -108,7 +100,7 @@ class DatasetController(QObject):
 
     # the Dataset box --------------------------------------------------------------
     def show_info(self, *_) -> None:
-        if self._read is not None:
+        if self.reading:
             return  # "Reading ..." stays until it reports
         run = self.run.dataset if self.run.phase not in (Phase.NONE, Phase.STOPPING) else None
         if run is not None and not run.same_content(self.identity):

@@ -21,7 +21,7 @@ import engine
 from engine import run_state as rs
 from engine.runs import write_loss_csv
 
-from .background import run_in_background
+from .background import NewestCall, run_in_background
 from .dataset_control import DatasetController
 from .dialogs import about_html
 from .loss_plot import LossPlot
@@ -49,7 +49,7 @@ class FileController(QObject):
         super().__init__(host)
         self._host, self.runs, self.datasets, self.loss_plot, self.notify = host, runs, datasets, loss_plot, notify
         self._backend_name, self._ask_open_path = backend_name, ask_open_path
-        self._checkpoint_read = None  # the latest Load checkpoint, until it reports
+        self._checkpoint_read = NewestCall(self, "read-checkpoint")  # the latest Load checkpoint, until it reports
         runs.on_discard.append(self.forget_reads)
 
     def build_file_menu(self) -> None:
@@ -137,28 +137,21 @@ class FileController(QObject):
             if not path:
                 return
         path = str(path)
-        call = self._checkpoint_read = run_in_background(
-            read_checkpoint, path, parent=self, name="read-checkpoint",
-            on_done=lambda checkpoint: self._on_checkpoint_read(call, path, checkpoint),
-            on_failed=lambda exc: self._on_checkpoint_failed(call, path, exc))
+        self._checkpoint_read.start(read_checkpoint, path,
+                                    on_done=lambda checkpoint: self._on_checkpoint_read(path, checkpoint),
+                                    on_failed=lambda exc: self._on_checkpoint_failed(path, exc))
         self.notify.status(f"Reading checkpoint {Path(path).name}...", 10000)
 
     def forget_reads(self) -> None:
         """Reset, a new run or closing: a checkpoint still being read is not loaded."""
-        self._checkpoint_read = None
+        self._checkpoint_read.forget()
 
-    def _on_checkpoint_read(self, call, path: str, checkpoint) -> None:
-        if call is not self._checkpoint_read:
-            return  # superseded by a later load, a Reset or closing
-        self._checkpoint_read = None
+    def _on_checkpoint_read(self, path: str, checkpoint) -> None:
         spec = rs.RunSpec(self._backend_name(), checkpoint=checkpoint, autostart=False)
         identity = self.datasets.checkpoint_identity(checkpoint, path)
         self.runs.guard.confirm(f"Loading {Path(path).name}", lambda: self.runs.open_run(spec, identity, path))
 
-    def _on_checkpoint_failed(self, call, path: str, exc: Exception) -> None:
-        if call is not self._checkpoint_read:
-            return
-        self._checkpoint_read = None
+    def _on_checkpoint_failed(self, path: str, exc: Exception) -> None:
         if isinstance(exc, engine.CheckpointError):
             message = str(exc)
         elif isinstance(exc, MemoryError):

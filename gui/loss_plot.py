@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QSlider
 
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother
-from .plot_axes import AXES, SECONDS, STEP, StepClock, axis_label, step_of_x, x_values
+from .plot_axes import AXES, SECONDS, STEP, StepClock, axis_label, epoch_text, step_of_x, x_values
 
 MIN_REDRAW_MS = 40  # at most 25 redraws a second; fewer if a redraw gets slow
 HELDOUT_COLOR = (213, 94, 0)  # vermilion: apart from the blues of the training curves
@@ -289,9 +289,8 @@ class LossPlot(QWidget):
         step = step_of_x(self.x_axis, view.mapSceneToView(pos).x(), self.batch_size, self.clock)
         i = min(max(step - 1, 0), s.n - 1)  # steps count from 1
         text = f"step {i + 1:,}: loss {s.y[i]:.4f}, smoothed {s.smooth[i]:.4f}"
-        names = (i + 1) * self.batch_size
-        if self.train_docs and (self.batch_size > 1 or names >= self.train_docs):  # as the status bar
-            text += f", epoch {names / self.train_docs:.2f}"
+        epoch = epoch_text(i + 1, self.batch_size, self.train_docs)  # as the status bar
+        text += f", {epoch}" if epoch else ""
         before = [p for p in self.heldout if p.step <= i + 1]
         if before:
             text += f"; held-out {before[-1].loss:.4f} at step {before[-1].step:,}"

@@ -67,14 +67,33 @@ def _block_kernel(a: float) -> tuple[np.ndarray, np.ndarray]:
     return decay, a ** (lags + 1.0)
 
 
+def faded_after(weight: float) -> int:
+    """The lag k (0 < weight < 1) at which weight^k < 2^-54, half an ulp of 1: a value
+    that far back no longer changes a double of the EMA, nor 1 - weight^k its debiasing."""
+    return math.ceil(-54 * math.log(2) / math.log(weight)) + 1
+
+
+def ema_last(values: np.ndarray, weight: float) -> float | None:
+    """ema(values, weight)'s last value (None with no values), from only the values still
+    felt in it (the last faded_after(weight)), so a long run's costs what a short one's
+    does; bit for bit the full EMA's while there are fewer values than that. An inf or
+    NaN never fades from the full EMA: after one, it is the full EMA's."""
+    n = len(values)
+    if not n:
+        return None
+    start = max(0, n - faded_after(weight)) if weight > 0 else n - 1  # weight 0: the last value itself
+    if not np.isfinite(values[:start]).all():
+        start = 0
+    return float(ema(values[start:], weight, 0.0, start)[0][-1])
+
+
 def debias(biased: np.ndarray, weight: float, start: int) -> np.ndarray:
     """biased_i / (1 - weight^(start+i+1)). Once weight^(i+1) is below half an ulp
     of 1 the divisor is exactly 1.0, so only the values before that are divided."""
     out = biased.copy()
     if not 0 < weight < 1:
         return out
-    last = math.ceil(-54 * math.log(2) / math.log(weight)) + 1  # weight^last < 2^-54
-    last = max(0, min(len(out), last - start))
+    last = max(0, min(len(out), faded_after(weight) - start))
     if last:
         index = start + np.arange(last)
         out[:last] /= 1 - weight ** (index + 1.0)

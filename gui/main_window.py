@@ -33,6 +33,7 @@ from .dialogs import show_message_box
 from .explore import ExploreController
 from .file_actions import FileController
 from .loss_plot import LossPlot
+from .plot_axes import epoch_text, names_seen
 from .run_control import Notifier, RunController, RunWidgets
 from .sample_panel import SamplePanel
 from .sessions import Sessions, exit_now, shorten_gil_switch_interval
@@ -132,7 +133,7 @@ class MainWindow(QMainWindow):
 
         self.config_panel.changed.connect(self._update_status)
         self.config_panel.openDatasetRequested.connect(self.open_dataset)
-        self.loss_plot.smoothingChanged.connect(self._update_status)
+        # the smoothed loss shown follows the redraw that a new smoothing ends in, not the slider
         self.loss_plot.redrawn.connect(self._update_status)
 
     def _build_controllers(self) -> None:
@@ -357,11 +358,11 @@ class MainWindow(QMainWindow):
         labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {run.train.num_steps:,}" if has_run
                                else "Step -")
         plot = self.loss_plot
-        names = plot.series.n * plot.batch_size
-        # the epoch once it says something (batches, or past the first); names seen in the
-        # tooltip (the progress bar shows both)
-        if has_run and plot.train_docs and (plot.batch_size > 1 or names >= plot.train_docs):
-            labels["step"].setText(labels["step"].text() + f" · epoch {names / plot.train_docs:.2f}")
+        # the epoch once it says something; names seen in the tooltip (the progress bar shows both)
+        epoch = epoch_text(plot.series.n, plot.batch_size, plot.train_docs) if has_run else ""
+        if epoch:
+            labels["step"].setText(labels["step"].text() + f" · {epoch}")
+        names = names_seen(plot.series.n, plot.batch_size)
         labels["step"].setToolTip(f"{names:,} names seen (step x batch size {plot.batch_size})" if has_run else "")
         last = plot.last()
         labels["loss"].setText(f"Loss {last[0]:.4f}" if last else "Loss -")

@@ -1,7 +1,8 @@
 """The loss plot's x axes: the step, the names seen (step x batch size, read in
 epochs) or the training time (pauses and held-out evaluations left out).
 StepClock keeps each step's cumulative training time as chunks arrive, so a
-curve or a held-out point can be placed on the time axis.
+curve or a held-out point can be placed on the time axis. epoch_text is the
+one wording of the epoch and names seen (progress bar, status bar, read-out).
 """
 from __future__ import annotations
 
@@ -93,3 +94,20 @@ def axis_label(axis: str, train_docs: int) -> tuple[str, str | None]:
     if axis == SECONDS:
         return "training time", "s"  # pyqtgraph picks ms, s or ks from the range
     return "step", None
+
+
+def names_seen(step: int, batch_size: int) -> int:
+    """The names trained on by the end of `step` (step x batch size)."""
+    return step * batch_size
+
+
+def epoch_text(step: int, batch_size: int, train_docs: int, always: bool = False, names: bool = False) -> str:
+    """'epoch 1.24', or 'epoch 1.24 (38,400 names)' with names: the passes over the
+    training names by the end of `step`. '' without training names and, unless
+    `always`, while it would say no more than the step does (batches of one, in
+    the first epoch)."""
+    seen = names_seen(step, batch_size)
+    if not train_docs or not (always or batch_size > 1 or seen >= train_docs):
+        return ""
+    text = f"epoch {seen / train_docs:.2f}"
+    return text + f" ({seen:,} names)" if names else text

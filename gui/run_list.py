@@ -29,7 +29,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from engine.runs import RunRecord
 
 from .controls import buddy, plot_widget
-from .loss_series import GrowingSeries, Resmoother, ema
+from .loss_series import GrowingSeries, Resmoother, ema_last
+from .plot_axes import AXES, NAMES, SECONDS, STEP, axis_label
 from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
@@ -37,10 +38,8 @@ PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121,
            (120, 120, 120), (148, 103, 189), (140, 86, 75), (188, 189, 34)]
 MAX_CHECKED = 8  # a new run unticks the oldest ticked one past this
 OTHER_DATASET = "other dataset"
-STEP, NAMES, SECONDS = "step", "names", "seconds"
 TRAINING, HELDOUT = "training", "heldout"  # what the overlay plots
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
-TIME_AXIS = "training time"
 
 
 class RunListPanel(QWidget):
@@ -70,9 +69,8 @@ class RunListPanel(QWidget):
         header.setStretchLastSection(True)
         self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
-        self.x_axis_combo.addItem("step", STEP)
-        self.x_axis_combo.addItem("names seen", NAMES)
-        self.x_axis_combo.addItem(TIME_AXIS, SECONDS)  # the axis's own words (it adds the unit)
+        for key, text in AXES:  # the loss plot's axes, in its words
+            self.x_axis_combo.addItem(text, key)
         self.x_axis_combo.setToolTip("Compare runs by step, by names seen (step x batch) or by training time "
                                      "(pauses left out)")
         self.y_combo = QComboBox(objectName="runYCombo")
@@ -245,12 +243,14 @@ class RunListPanel(QWidget):
                 series.x[first:n] = record.x[first:n] + 1  # steps count from 1, as in the loss plot
         return series
 
-    def smoothed(self, record: RunRecord) -> np.ndarray:
-        """The record's smoothed losses (kept in a series only while it is ticked)."""
+    def last_smoothed(self, record: RunRecord) -> float | None:
+        """The record's last smoothed loss, as its row shows it (None with none): its
+        series' while it is ticked, else from the losses still felt in it (an
+        unticked live run's whole history is not smoothed again at every flush)."""
         if not self.is_checked(record):
-            return ema(record.losses, self.smoothing ** record.block)[0]
+            return ema_last(record.losses, self.smoothing ** record.block)
         series = self._series_of(record)
-        return series.smooth[: series.n]
+        return float(series.smooth[series.n - 1]) if series.n else None
 
     # drawing ------------------------------------------------------------------
     def _row(self, record: RunRecord) -> int:
@@ -258,8 +258,7 @@ class RunListPanel(QWidget):
 
     def _fill_row(self, row: int) -> None:
         r = self.runs[row]
-        smoothed = self.smoothed(r)
-        values = row_texts(r, smoothed)
+        values = row_texts(r, self.last_smoothed(r))
         comparable = self.comparable(r)
         font = QFont(self.table.font())
         font.setItalic(not comparable)
@@ -372,12 +371,8 @@ class RunListPanel(QWidget):
     def _set_axis_label(self) -> None:
         item = self.plot.getPlotItem()
         item.setLabel("left", "held-out loss" if self.y_values == HELDOUT else "smoothed loss")
-        if self.x_axis == STEP:
-            item.setLabel("bottom", "step", units=None)
-        elif self.x_axis == NAMES:
-            item.setLabel("bottom", "names seen", units=None)
-        else:  # pyqtgraph picks ms, s or ks from the range
-            item.setLabel("bottom", TIME_AXIS, units="s")
+        label, units = axis_label(self.x_axis, 0)  # no epoch: the runs' datasets may differ
+        item.setLabel("bottom", label, units=units)
 
     def _show_info(self) -> None:
         checked = self.checked_runs()

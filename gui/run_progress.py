@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QProgressBar
 
 from engine.run import Phase, RunModel
 
+from .plot_axes import epoch_text
 from .sessions import Sessions
 
 REFRESH_MS = 250  # how often "stopping…" and an opening's seconds are refreshed
@@ -41,15 +42,6 @@ def format_seconds(seconds: float) -> str:
 def run_summary(steps: int, seconds: float) -> str:
     """'1,000 steps in 0.15 s (6,700 steps/s)'."""
     return f"{steps:,} steps in {format_seconds(seconds)} ({format_rate(steps / seconds)} steps/s)"
-
-
-
-def epoch_text(step: int, batch_size: int, train_docs: int) -> str:
-    """'  ·  epoch 1.24 (38,400 names)': the passes over the training names so far."""
-    if not train_docs:
-        return ""
-    names = step * batch_size
-    return f"  ·  epoch {names / train_docs:.2f} ({names:,} names)"
 
 
 class ProgressView(QObject):
@@ -105,7 +97,9 @@ class ProgressView(QObject):
         if self.run.train is None:
             return
         step, total = bar.value(), bar.maximum()
-        text = f"{step:,} / {total:,} steps" + epoch_text(step, self.batch_size, self.train_docs)
+        text = f"{step:,} / {total:,} steps"
+        epoch = epoch_text(step, self.batch_size, self.train_docs, always=True, names=True)
+        text += f"  ·  {epoch}" if epoch else ""
         if phase == Phase.RUNNING and self.rate:
             text += f"  ·  {self.rate:,.0f} steps/s  ·  ETA {format_duration((total - step) / self.rate)}"
         elif phase in (Phase.PAUSED, Phase.DONE, Phase.READY):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import QTableWidget
 
@@ -15,11 +14,11 @@ COLUMNS = ["Run", "Preset", "Backend", "LR", "Batch", "Steps", "Smoothed loss", 
 TABLE_ROWS = 6  # runs in view before the table scrolls
 
 
-def row_texts(r: RunRecord, smoothed: np.ndarray) -> list[str]:
-    """The row of run r, by COLUMNS; smoothed: its smoothed losses (the last is shown)."""
+def row_texts(r: RunRecord, smoothed: float | None) -> list[str]:
+    """The row of run r, by COLUMNS; smoothed: its last smoothed loss (None: no steps)."""
     ms, rate = r.ms_per_step, r.names_per_second
     return [r.name, r.preset, r.backend, f"{r.train.learning_rate:g}", f"{r.train.batch_size:,}", f"{r.steps:,}",
-            f"{smoothed[-1]:.4f}" if len(smoothed) else "-", loss_text(r.best_heldout), loss_text(r.final_heldout),
+            "-" if smoothed is None else f"{smoothed:.4f}", loss_text(r.best_heldout), loss_text(r.final_heldout),
             "-" if math.isnan(ms) else f"{ms:.3g}", "-" if math.isnan(rate) else f"{rate:,.0f}",
             r.dataset or "-", r.status]
 

@@ -7,11 +7,12 @@ import csv
 
 import numpy as np
 import pytest
+from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QComboBox, QProgressBar, QPushButton, QSpinBox
 
 import engine
 from engine.batches import default_holdout
-from gui.plot_axes import NAMES, SECONDS, STEP
+from gui.plot_axes import NAMES, SECONDS, STEP, epoch_text
 from gui.run_list import COLUMNS, HELDOUT
 
 from test_window import TIMEOUT_MS, click, curve, set_steps, wait_state, widget
@@ -79,6 +80,21 @@ def test_a_window_run_at_batch_4_is_the_engines(make_window, names_path, names_c
     assert f"epoch {240 / train_docs:.2f} (240 names)" in bar.format()
     assert window.status_labels["step"].text() == f"Step 60 / 60 · epoch {240 / train_docs:.2f}"
     assert window.status_labels["step"].toolTip().startswith("240 names seen")
+    view = window.loss_plot.plot.getPlotItem().vb  # the read-out says the epoch at the hovered step
+    view.setRange(xRange=(0, 59), yRange=(1, 4), padding=0)
+    window.loss_plot.plot.scene().sigMouseMoved.emit(view.mapViewToScene(QPointF(30.2, 2.0)))
+    assert window.loss_plot.readout.text().startswith(f"step 30: loss {y[29]:.4f}, smoothed ")
+    assert f", epoch {120 / train_docs:.2f}" in window.loss_plot.readout.text()
+
+
+def test_the_epoch_is_said_once_it_says_more_than_the_step():
+    # batches of one in the first epoch: the step already says it, unless asked always
+    assert epoch_text(300, 1, 1000) == ""
+    assert epoch_text(300, 1, 1000, always=True) == "epoch 0.30"
+    assert epoch_text(1500, 1, 1000) == "epoch 1.50"  # past the first epoch
+    assert epoch_text(300, 4, 1000) == "epoch 1.20"   # batches
+    assert epoch_text(300, 4, 1000, names=True) == "epoch 1.20 (1,200 names)"
+    assert epoch_text(300, 4, 0, always=True, names=True) == ""  # no training names (no run yet)
 
 
 def test_the_heldout_curve_is_drawn_during_and_at_the_end_of_a_run(make_window, names_path, names_corpus, qtbot):

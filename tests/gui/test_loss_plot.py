@@ -9,7 +9,7 @@ import pytest
 
 from gui import loss_series
 from gui.loss_plot import LossPlot
-from gui.loss_series import GrowingSeries, ema
+from gui.loss_series import GrowingSeries, ema, ema_last
 
 
 def tensorboard_smoothing(values, weight):
@@ -34,6 +34,28 @@ def test_ema_continues_a_series_from_its_carry(weight):
     head, carry = ema(values[:1234], weight)
     tail, _ = ema(values[1234:], weight, carry, 1234)
     np.testing.assert_allclose(np.concatenate([head, tail]), tensorboard_smoothing(values, weight), rtol=1e-12)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.6, 0.95, 0.999])
+@pytest.mark.parametrize("n", [1, 700, 300_007])  # shorter and longer than the values felt at each weight
+def test_ema_last_is_the_full_emas_last_value(weight, n):
+    values = np.random.default_rng(7).normal(3.0, 0.5, n).astype(np.float32)  # as a run's losses
+    full = ema(values, weight)[0][-1]
+    last = ema_last(values, weight)
+    if weight == 0 or n <= loss_series.faded_after(weight):
+        assert last == full  # every value is felt: the same computation
+    np.testing.assert_allclose(last, full, rtol=1e-13)
+    assert f"{last:.4f}" == f"{full:.4f}"  # the Runs table's text
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_ema_last_keeps_an_inf_or_nan_as_the_full_ema_does(bad):
+    values = np.random.default_rng(8).normal(3.0, 0.5, 5000)
+    values[10] = bad  # long faded at weight 0.6, yet never forgotten by the full EMA
+    with np.errstate(invalid="ignore"):  # the block sums' inf x 0
+        np.testing.assert_equal(ema_last(values, 0.6), ema(values, 0.6)[0][-1])
+        assert not np.isfinite(ema_last(values, 0.6))
+    assert ema_last(values[:0], 0.6) is None  # no steps: nothing to show
 
 
 def test_series_grows_in_chunks_and_rewinds():

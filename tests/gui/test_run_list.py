@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 
 import engine
 from engine.runs import RunRecord
+from gui.loss_plot import LossPlot
 from gui.loss_series import ema
 from gui.run_list import RunListPanel, COLUMNS
 
@@ -79,6 +80,24 @@ def test_a_live_run_grows_its_curve_and_row(qtbot, panel):
     np.testing.assert_allclose(y, ema(live.losses, 0.95)[0])
 
 
+def test_an_unticked_live_runs_row_shows_the_full_smoothings_last_value(qtbot, panel):
+    p = engine.PRESETS["tiny"]
+    live = RunRecord("run 1", "numpy", p.model, p.train)
+    panel.add_run(live, checked=False)
+    cell = panel.table.item(0, COLUMNS.index("Smoothed loss"))
+    assert cell.text() == "-"
+    losses = 3.3 - np.linspace(0, 1, 120_000) + np.random.default_rng(4).normal(0, 0.3, 120_000)
+    for first, weight in [(0, 0.999), (40_000, 0.999), (80_000, 0.95)]:  # longer than 0.999 feels
+        panel.set_smoothing(weight)
+        live.extend(losses[first:first + 40_000], first, 40.0)
+        panel.update_run(live)
+        expected = f"{ema(live.losses, weight)[0][-1]:.4f}"
+        qtbot.waitUntil(lambda: panel.table.item(0, COLUMNS.index("Steps")).text() == f"{first + 40_000:,}",
+                        timeout=2000)
+        assert cell.text() == expected
+    assert not panel.curves  # unticked: no curve
+
+
 def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
     p = engine.PRESETS["tiny"]
     loaded = RunRecord("checkpoint", "numpy", p.model, p.train, status="loaded")
@@ -89,6 +108,18 @@ def test_runs_without_timings_stay_off_the_time_axis(qtbot, panel):
     x, _ = panel.curves[id(loaded)].getOriginalDataset()
     assert x is None or len(x) == 0
     assert "No step times for checkpoint" in panel.info.text()
+
+
+def test_the_overlay_offers_the_loss_plots_x_axes_in_its_words(qtbot, panel):
+    plot = LossPlot()
+    qtbot.addWidget(plot)
+    offered = [[(c.itemData(i), c.itemText(i)) for i in range(c.count())] for c in (panel.x_axis_combo,
+                                                                                 plot.x_axis_combo)]
+    assert offered[0] == offered[1] == [("step", "step"), ("names", "names seen"), ("seconds", "training time")]
+    for axis, label, units in [("seconds", "training time", "s"), ("names", "names seen", ""), ("step", "step", "")]:
+        panel.set_x_axis(axis)
+        bottom = panel.plot.getPlotItem().getAxis("bottom")
+        assert (bottom.labelText, bottom.labelUnits) == (label, units)  # no epoch: runs' datasets may differ
 
 
 def test_a_compacted_run_follows_a_new_smoothing_at_the_blocks_weight(qtbot, panel):

@@ -290,6 +290,41 @@ def test_bad_files_give_messages_and_change_nothing(make_window, names_path, qtb
     train_to_end(qtbot, window, 10)
 
 
+def test_only_the_newest_open_dataset_and_load_checkpoint_count(make_window, names_path, qtbot, tmp_path,
+                                                                 monkeypatch):
+    import threading
+
+    from gui import dataset_control, file_actions
+
+    window = make_window(names_path)
+    gates = {str(tmp_path / name): threading.Event() for name in ("slow.txt", "fast.txt", "slow.npz")}
+    for name, text in [("slow.txt", "ann\nbob\n"), ("fast.txt", "cat\ndog\n")]:
+        (tmp_path / name).write_text(text)
+    read_corpus = dataset_control.read_corpus
+
+    def read_when_let(path):  # each file is read once its gate opens
+        assert gates[path].wait(TIMEOUT_MS / 1000)
+        return read_corpus(path)
+
+    monkeypatch.setattr(dataset_control, "read_corpus", read_when_let)
+    slow, fast = (str(tmp_path / name) for name in ("slow.txt", "fast.txt"))
+    window.open_dataset(slow)
+    window.open_dataset(fast)  # supersedes the slow read
+    gates[fast].set()
+    qtbot.waitUntil(lambda: window.dataset_path == fast, timeout=TIMEOUT_MS)
+    assert not window.reading_dataset
+    gates[slow].set()
+    qtbot.wait(200)  # the slow read's report comes, and is dropped
+    assert window.dataset_path == fast and window.corpus.chars == list("acdgot") and not window.messages
+
+    monkeypatch.setattr(file_actions, "read_checkpoint", read_when_let)
+    window.load_checkpoint(str(tmp_path / "slow.npz"))
+    window.reset()  # forgets the checkpoint being read
+    gates[str(tmp_path / "slow.npz")].set()  # read_corpus of a missing file: a failure, dropped
+    qtbot.wait(200)
+    assert not window.messages and window.state == "none"
+
+
 def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path):
     window = make_window(names_path)
     train_to_end(qtbot, window, 40)
@@ -358,6 +393,32 @@ def test_menus_about_and_hover_readout(make_window, names_path, qtbot):
     losses = window.session.worker.loss_history()
     plot.plot.scene().sigMouseMoved.emit(view.mapViewToScene(QPointF(12.2, 2.0)))
     assert plot.readout.text().startswith(f"step 12: loss {losses[11]:.4f}")  # steps count from 1
+
+
+@pytest.mark.parametrize("in_background", [False, True])
+def test_a_smoothing_move_rebuilds_the_status_bar_once(make_window, names_path, qtbot, monkeypatch, in_background):
+    from gui import loss_series
+    from gui.loss_series import ema
+    from gui.main_window import MainWindow
+
+    if in_background:  # as a long run's is: the new smoothing comes from the worker thread
+        monkeypatch.setattr(loss_series, "SYNC_STEPS", 0)
+
+    rebuilds = []
+    rebuild = MainWindow._update_status
+    monkeypatch.setattr(MainWindow, "_update_status", lambda self, *a: (rebuilds.append(1), rebuild(self, *a)))
+    window = make_window(names_path)
+    train_to_end(qtbot, window, 40)
+    plot = window.loss_plot
+    plot.flush()
+    qtbot.wait(100)  # any redraw still scheduled has come
+    losses = window.session.worker.loss_history()
+    rebuilds.clear()
+    with qtbot.waitSignal(plot.redrawn, timeout=TIMEOUT_MS):
+        plot.smoothing_slider.setValue(600)
+    qtbot.wait(100)  # a second rebuild would come meanwhile
+    assert len(rebuilds) == 1
+    assert window.status_labels["smoothed"].text() == f"Smoothed {ema(losses, 0.6)[0][-1]:.4f}"
 
 
 def test_copy_puts_the_names_on_the_clipboard(make_window, names_path, qtbot):
