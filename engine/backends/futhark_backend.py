@@ -70,6 +70,12 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
     return np.array([s.offset for s in specs], dtype=np.int64)
 
 
+def train_entry(batch_size: int) -> str:
+    """The kernel's training entry point for this batch size: B = 1 has its own
+    (microgpt's step, unpadded), which a branch on B inside one entry slowed."""
+    return "train" if batch_size == 1 else "train_batch"
+
+
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
                     blocks: int = 1, n_train: int | None = None) -> tuple:
     """The arguments of the kernel's `new_model` entry point, in order. `blocks`:
@@ -137,7 +143,7 @@ class FutharkBackend(Backend):
         weights, self._weights = self._current_weights(), None  # consumed by the call, whatever happens
         self._lost = f"a failed train call at step {self.step} used them up (load a checkpoint or reset to go on)"
         try:
-            weights, losses = self._call("train", self._model, weights, k)
+            weights, losses = self._call(train_entry(self.train_config.batch_size), self._model, weights, k)
             losses = self._values(losses)  # syncs: errors of the steps surface here
         except BackendError as exc:
             raise BackendError(f"{exc}; {self._lost}") from None
@@ -228,14 +234,14 @@ class FutharkCBackend(FutharkBackend):
     host_buffers = 6  # the weights' parameters and moments, and get_state's copies of them
 
 
-# Below this many parameters the multicore backend runs on one thread: from
-# tiny to s128 (0.8 million) a second thread made every step slower (Futhark's
-# scheduler costs microseconds per parallel region, and a step has hundreds).
-# From s256 (4.8 million) up, where the update pass runs on every core too,
-# two threads are faster. A batch of B > 1 documents per step is B
-# independent forward and backward passes, run in parallel at any size.
-# README "Performance".
-MULTICORE_MIN_PARAMS = 2_000_000
+# Below this many parameters the multicore backend runs on one thread: up to
+# s256 (4.8 million) a second thread made every step slower (Futhark's
+# scheduler costs microseconds per parallel region, and a step has hundreds);
+# at 10.7 million (n_embd 384, 6 layers) two threads were 1.1x faster, at 25
+# million (512, 8) 1.35x, at gpt2-small 1.6x (README "Performance"). A batch of B > 1 documents
+# per step is B independent forward and backward passes, run in parallel at
+# any size.
+MULTICORE_MIN_PARAMS = 8_000_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 
