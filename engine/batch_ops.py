@@ -37,6 +37,11 @@ def row_sum(z, xp):
     return (z.reshape(-1, n) @ _ones(n, xp, z.dtype)).reshape(*z.shape[:-1], 1)
 
 
+def row_mean(z, xp):
+    """z.mean(axis=-1, keepdims=True) the same way (rmsnorm's)."""
+    return row_sum(z, xp) / z.shape[-1]
+
+
 def add_rows_sorted(out, rows, values, xp) -> None:
     """out[rows[i]] += values[i] for each i (repeated rows add up), for NumPy: the
     rows sorted, then each run of equal rows summed by one add.reduceat."""

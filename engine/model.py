@@ -46,20 +46,23 @@ class Weights:
             self.layers.append((qkv, *(view(by_name[f"layer{i}.{n}"]) for n in ("attn_wo", "mlp_fc1", "mlp_fc2"))))
 
 
-def mean_last(z):
+def mean_last(z, xp=None):
     """Mean over the last axis, kept; sum / n is the same arithmetic as xp.mean
     without its Python-level overhead (it runs ~10 times per step)."""
     return z.sum(axis=-1, keepdims=True) / z.shape[-1]
 
 
-def rmsnorm(x, xp):
+def rmsnorm(x, xp, mean=mean_last):
     """(y, r) with y = x * r and r = 1/sqrt(mean(x^2) + eps), kept for the backward pass."""
-    r = (mean_last(x * x) + RMS_EPS) ** -0.5
+    r = (mean(x * x, xp) + RMS_EPS) ** -0.5
     return x * r, r
 
 
-def rmsnorm_backward(dy, y, r, xp):
-    return r * (dy - y * mean_last(dy * y))
+def rmsnorm_backward(dy, y, r, xp, mean=mean_last):
+    """r * (dy - y * mean(dy * y)), written over dy (a temporary at every call)."""
+    dy -= y * mean(dy * y, xp)
+    dy *= r
+    return dy
 
 
 def linear(x, w):
@@ -96,6 +99,14 @@ def max_last(z, xp):
 
 def sum_last(z, xp):
     return z.sum(axis=-1, keepdims=True)
+
+
+def reductions(batch: bool) -> tuple:
+    """(max, sum, mean) over the last axis, kept: engine.batch_ops' for a batch of
+    documents (their rows are short), else NumPy's own (one document: microgpt's step)."""
+    if batch:
+        return batch_ops.row_max, batch_ops.row_sum, batch_ops.row_mean
+    return max_last, sum_last, mean_last
 
 
 def rows2(z):
@@ -213,11 +224,11 @@ def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False, kv: KVCache 
     end = start + t
     # one new position per row may attend to every cached one: no mask needed
     mask = causal_mask(end, xp, w.wte.dtype)[start:] if t > 1 else None
-    row_max, row_sum = (batch_ops.row_max, batch_ops.row_sum) if batch else (max_last, sum_last)
-    x, r0 = rmsnorm(w.wte[tokens] + w.wpe[start:end], xp)
+    row_max, row_sum, mean = reductions(batch)
+    x, r0 = rmsnorm(w.wte[tokens] + w.wpe[start:end], xp, mean)
     cache = [(x, r0)]
     for layer, (qkv_w, wo, fc1, fc2) in enumerate(w.layers):
-        xn, r1 = rmsnorm(x, xp)
+        xn, r1 = rmsnorm(x, xp, mean)
         heads = split_heads(linear(xn, qkv_w), 3 * h)  # (..., 3H, T, hd): H queries, H keys, H values
         q, k, v = heads[..., :h, :, :], heads[..., h : 2 * h, :, :], heads[..., 2 * h :, :, :]
         if kv is not None:
@@ -231,7 +242,7 @@ def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False, kv: KVCache 
         p /= row_sum(p, xp)
         y = merge_heads(p @ v)
         x = x + linear(y, wo)
-        xn2, r2 = rmsnorm(x, xp)
+        xn2, r2 = rmsnorm(x, xp, mean)
         hid = linear(xn2, fc1)
         act = xp.maximum(hid, 0)
         x = x + linear(act, fc2)
@@ -262,10 +273,9 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
     after each document's real positions, which attend only to earlier ones).
     """
     t, h, batch = inputs.shape[-1], model.n_head, inputs.ndim > 1
-    # one document's step, every microsecond of which counts at tiny (0.13 ms), skips the
-    # reshapes; a batch's short rows are reduced by engine.batch_ops
-    rows, mm, row_max, row_sum = ((rows2, times, batch_ops.row_max, batch_ops.row_sum) if batch
-                                  else (same, operator.matmul, max_last, sum_last))
+    # one document's step, every microsecond of which counts at tiny (0.13 ms), skips the reshapes
+    rows, mm = (rows2, times) if batch else (same, operator.matmul)
+    row_max, row_sum, mean = reductions(batch)
     x, cache = forward(w, inputs, model, xp, keep=True, batch=batch)
     logits = mm(x, w.lm_head.T)
     logits -= row_max(logits, xp)
@@ -295,7 +305,7 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
         dhid = mm(dx, fc2)
         dhid *= hid > 0
         xp.matmul(rows(dhid).T, rows(xn2), out=gfc1)
-        dx = dx + rmsnorm_backward(mm(dhid, fc1), xn2, r2, xp)
+        dx += rmsnorm_backward(mm(dhid, fc1), xn2, r2, xp, mean)
 
         xp.matmul(rows(dx).T, rows(y), out=gwo)
         dy = split_heads(mm(dx, wo), h)
@@ -305,10 +315,10 @@ def loss_and_grad(w: Weights, g: Weights, inputs, targets, model: ModelConfig, x
         datt *= scale
         dqkv = qkv_grads(datt, p, q, k, dy, xp)
         xp.matmul(rows(dqkv).T, rows(xn), out=gqkv)
-        dx = dx + rmsnorm_backward(mm(dqkv, qkv_w), xn, r1, xp)
+        dx += rmsnorm_backward(mm(dqkv, qkv_w), xn, r1, xp, mean)
 
     x0, r0 = cache[0]
-    dx0 = rmsnorm_backward(dx, x0, r0, xp)
+    dx0 = rmsnorm_backward(dx, x0, r0, xp, mean)
     scatter_rows(g.wte, inputs.reshape(-1), rows(dx0), xp, by_sorting=batch)  # a token used twice: both rows
     g.wpe[:t] = dx0 if dx0.ndim == 2 else dx0.sum(axis=0)  # a position's gradient sums over documents
     g.wpe[t:] = 0
