@@ -25,6 +25,7 @@ import operator
 from typing import NamedTuple
 
 from . import batch_ops
+from .batch_ops import mean_last, reductions
 from .config import ModelConfig
 from .params import ParamSpec
 
@@ -44,12 +45,6 @@ class Weights:
             q = by_name[f"layer{i}.attn_wq"]
             qkv = flat[q.offset : q.offset + 3 * c * c].reshape(3 * c, c)
             self.layers.append((qkv, *(view(by_name[f"layer{i}.{n}"]) for n in ("attn_wo", "mlp_fc1", "mlp_fc2"))))
-
-
-def mean_last(z, xp=None):
-    """Mean over the last axis, kept; sum / n is the same arithmetic as xp.mean
-    without its Python-level overhead (it runs ~10 times per step)."""
-    return z.sum(axis=-1, keepdims=True) / z.shape[-1]
 
 
 def rmsnorm(x, xp, mean=mean_last):
@@ -91,22 +86,6 @@ def times(a, w):
 
 def same(z):
     return z
-
-
-def max_last(z, xp):
-    return z.max(axis=-1, keepdims=True)
-
-
-def sum_last(z, xp):
-    return z.sum(axis=-1, keepdims=True)
-
-
-def reductions(batch: bool) -> tuple:
-    """(max, sum, mean) over the last axis, kept: engine.batch_ops' for a batch of
-    documents (their rows are short), else NumPy's own (one document: microgpt's step)."""
-    if batch:
-        return batch_ops.row_max, batch_ops.row_sum, batch_ops.row_mean
-    return max_last, sum_last, mean_last
 
 
 def rows2(z):
