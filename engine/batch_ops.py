@@ -34,6 +34,7 @@ def reductions(batch: bool) -> tuple:
         return row_max, row_sum, row_mean
     return max_last, sum_last, mean_last
 
+
 # Above this many elements per row NumPy's own max along the last axis is the
 # faster (measured: 16 against 100 us at 16 keys, 79 against 215 at 32, 1,203
 # against 576 at 128).
