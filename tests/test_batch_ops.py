@@ -1,0 +1,107 @@
+"""A training batch's faster operations (engine.batch_ops) against NumPy's plain
+forms and float64 references, and engine.heap: a batched step on NumPy takes
+no fresh memory from the system once it is running."""
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from engine import batch_ops
+from conftest import REPO_ROOT
+
+
+def attention_like(shape, seed=0):
+    """Random rows with a causal mask's -inf above the diagonal, as attention logits."""
+    z = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+    t = shape[-1]
+    return z + np.triu(np.full((t, t), -np.inf, dtype=np.float32), 1)
+
+
+@pytest.mark.parametrize("shape", [(32, 4, 11, 11), (3, 2, 1, 1), (2, 2, 40, 40), (352, 27)])
+def test_row_max_is_numpys_max_exactly(shape):
+    z = attention_like(shape) if shape[-1] == shape[-2] else np.random.default_rng(1).normal(size=shape)
+    got = batch_ops.row_max(z, np)
+    assert got.shape == (*shape[:-1], 1)
+    np.testing.assert_array_equal(got, z.max(axis=-1, keepdims=True))
+
+
+def test_row_max_keeps_a_nan_row_nan():
+    z = attention_like((2, 1, 5, 5))
+    z[1, 0, 3, 2] = np.nan
+    got = batch_ops.row_max(z, np)[..., 0]
+    assert np.isnan(got[1, 0, 3]) and np.isfinite(np.delete(got.reshape(-1), 1 * 5 + 3)).all()
+
+
+@pytest.mark.parametrize("shape", [(32, 4, 11, 11), (352, 27), (4, 3)])
+def test_row_sum_matches_a_float64_sum(shape):
+    z = np.random.default_rng(2).random(shape).astype(np.float32)
+    got = batch_ops.row_sum(z, np)
+    assert got.shape == (*shape[:-1], 1) and got.dtype == np.float32
+    np.testing.assert_allclose(got, z.astype(np.float64).sum(axis=-1, keepdims=True), rtol=1e-6)
+
+
+def test_add_rows_sorted_adds_repeated_rows_and_leaves_absent_ones():
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 20, size=300)
+    rows[rows == 7] = 8  # row 7 never occurs
+    values = rng.normal(size=(300, 6)).astype(np.float32)
+    out = np.zeros((27, 6), dtype=np.float32)
+    batch_ops.add_rows_sorted(out, rows, values, np)
+    want = np.zeros((27, 6))
+    for r, v in zip(rows, values.astype(np.float64)):
+        want[r] += v
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert (out[7] == 0).all() and (out[20:] == 0).all()
+
+
+def test_qkv_grads_merged_is_the_three_products_merged_as_the_qkv_product():
+    b, h, t, hd = 3, 2, 5, 4
+    rng = np.random.default_rng(4)
+    datt, p = rng.normal(size=(2, b, h, t, t)).astype(np.float32)
+    q, k, dy = rng.normal(size=(3, b, h, t, hd)).astype(np.float32)
+    got = batch_ops.qkv_grads_merged(datt, p, q, k, dy, np)
+    dq = np.einsum("bhts,bhsd->bhtd", datt, k)
+    dk = np.einsum("bhts,bhtd->bhsd", datt, q)
+    dv = np.einsum("bhts,bhtd->bhsd", p, dy)
+    for part, want in enumerate((dq, dk, dv)):  # (B, T, C) blocks of C = H x hd, head-major
+        block = got[:, :, part * h * hd : (part + 1) * h * hd].reshape(b, t, h, hd).swapaxes(1, 2)
+        np.testing.assert_allclose(block, want, rtol=1e-5, atol=1e-6)
+
+
+# engine.heap ---------------------------------------------------------------------
+
+FAULTS_PER_STEP = textwrap.dedent("""
+    import resource, sys
+    import engine.backends.numpy_backend as nb
+    if sys.argv[1] == "off":
+        nb.keep_freed_memory = lambda step_bytes: None
+    from engine import PRESETS, Corpus, open_backend
+    names = ["".join(chr(97 + (i * 7 + j * 3) % 26) for j in range(3 + i % 12)) for i in range(500)]
+    preset = PRESETS["learn"]  # batch 32
+    backend = open_backend("numpy", preset.model, preset.train, Corpus.from_lines(names))
+    backend.train(10)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    backend.train(40)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 40)
+""")
+
+
+def faults_per_step(mode: str) -> float:
+    """Minor page faults per batched step on `learn`, in a fresh process (glibc's
+    thresholds at their start), with engine.heap's priming "on" or "off"."""
+    done = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, mode], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="engine.heap tunes glibc's malloc")
+def test_a_batched_step_takes_no_fresh_pages_once_running():
+    # about 200 faults per step (a step's activations mapped again) without the priming
+    assert faults_per_step("off") > 50
+    assert faults_per_step("on") < 5
