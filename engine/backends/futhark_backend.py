@@ -234,14 +234,15 @@ class FutharkCBackend(FutharkBackend):
     host_buffers = 6  # the weights' parameters and moments, and get_state's copies of them
 
 
-# Below this many parameters the multicore backend runs on one thread: up to
-# s256 (4.8 million) a second thread made every step slower (Futhark's
-# scheduler costs microseconds per parallel region, and a step has hundreds);
-# at 10.7 million (n_embd 384, 6 layers) two threads were 1.1x faster, at 25
-# million (512, 8) 1.35x, at gpt2-small 1.6x (README "Performance"). A batch of B > 1 documents
-# per step is B independent forward and backward passes, run in parallel at
-# any size.
-MULTICORE_MIN_PARAMS = 8_000_000
+# Below this many parameters the multicore backend runs on one thread: from
+# tiny to s128 (0.8 million) a second thread made every step slower (Futhark's
+# scheduler costs microseconds per parallel region, and a step has hundreds:
+# s128 1.55 against 1.14 ms). From s256 (4.8 million) up, where the update
+# pass runs on every core too, two threads are faster (s256 5.8 against 6.7
+# ms, gpt2-small 84 against 138; quiet machine, README "Performance"). A batch
+# of B > 1 documents per step is B independent forward and backward passes,
+# run in parallel at any size.
+MULTICORE_MIN_PARAMS = 2_000_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 
