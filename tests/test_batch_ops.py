@@ -7,12 +7,14 @@ import platform
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine import batch_ops
-from conftest import REPO_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # (tests/gui's conftest shadows tests/conftest.py in a whole run)
 
 
 def attention_like(shape, seed=0):
