@@ -53,10 +53,10 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
 -- place, four rows of w per pass over the sums (rows past O get a zero
 -- coefficient): w is read once, contiguously, and the sums stay in cache.
 -- A sum over each column of w instead would read it with a stride of I.
--- The multicore backend splits the columns into `blocks` parts, one task
--- each for all T positions, so that w is still read once (a task per
--- position and part read it T times); a GPU (blocks = 0) runs a thread
--- per position and column.
+-- The multicore backend splits w's rows into `blocks` parts, one task
+-- each adding its rows into sums of its own, which are then added: w is
+-- still read once and contiguously; a GPU (blocks = 0) runs a thread per
+-- position and column.
 -- Inlined: called as a function, it read a weight matrix of the flat
 -- buffer from the buffer's start (wrong gradients with Futhark 0.25.34).
 #[inline]
@@ -74,16 +74,20 @@ def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f
          loop acc for s < t do
            loop acc for j < i do acc with [s, j] = acc[s, j] + quad s q j
      else if blocks > 1 then
-       -- one task per block of columns, for all T positions: w is read once
-       let bw = (i + blocks - 1) / blocks
-       let parts = map (\b -> let j0 = b * bw
-                              let width = i64.min bw (i - j0)
+       -- one task per block of w's rows, each adding its rows into (T, I)
+       -- sums of its own as the sequential code does (its part of w read
+       -- once, contiguously), then the blocks' sums added: at gpt2-small on
+       -- two threads the backward pass took 20.6-20.8 ms this way against
+       -- 26.7 with a task per block of columns, which read half of each row
+       let per = (quads + blocks - 1) / blocks
+       let parts = map (\b -> let q0 = b * per
+                              let n = i64.max 0 (i64.min quads (q0 + per) - q0)
                               in #[unsafe]
-                                 loop acc = replicate t (replicate bw 0f32) for q < quads do
+                                 loop acc = replicate t (replicate i 0f32) for qq < n do
                                    loop acc for s < t do
-                                     loop acc for j < width do acc with [s, j] = acc[s, j] + quad s q (j0 + j))
+                                     loop acc for j < i do acc with [s, j] = acc[s, j] + quad s (q0 + qq) j)
                        (iota blocks)
-       in tabulate_2d t i (\s j -> #[unsafe] parts[j / bw, s, j % bw])
+       in tabulate_2d t i (\s j -> #[unsafe] loop sum = parts[0, s, j] for b < blocks - 1 do sum + parts[b + 1, s, j])
      else
        -- a GPU: one thread per position and column (indexed: `unflatten parts`
        -- made the sequential C build 20-30% slower at tiny and s32)
