@@ -72,6 +72,8 @@ class DataSplit:
         self.offsets = a.offsets
         # predicted positions of each document: microgpt's n = min(block_size, len(tokens) - 1)
         self.positions = np.minimum(block_size, a.lengths - 1).astype(np.int32)
+        # the most positions of any document: the longest a padded batch can be
+        self.longest = int(self.positions.max())
 
     # training -----------------------------------------------------------------
     def step_documents(self, step: int) -> np.ndarray:

@@ -99,8 +99,7 @@ class HeldoutEvaluation:
         documents: True raises Cancelled (nothing recorded)."""
         if self.holdout == 0:
             raise ValueError("this run holds out no documents (holdout 0): there is no held-out loss")
-        t = int(self.split.positions.max())
-        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, t))
+        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, self.split.longest))
         total, count = 0.0, 0
         for batch in self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc))):
             if cancel is not None and cancel():
@@ -145,15 +144,18 @@ class Backend(HeldoutEvaluation, ABC):
     # memory -----------------------------------------------------------------
     def memory_needs(self) -> list[tuple[str, int]]:
         """What this backend holds in host memory at its peak: (what for, bytes)."""
-        model, vocab = self.model, self.corpus.vocab_size
         needs = [(f"{self.host_buffers} copies of the parameters (weights, gradient, Adam moments, "
                   "copies while saving)", self.host_buffers * self.num_params * 4)]
         if self.host_activations:
-            t, b = int(self.split.positions.max()), self.train_config.batch_size
-            needs.append((f"a training step's activations ({b:,} x {t:,} tokens)",
-                          step_activation_bytes(model, vocab, t, b)))
+            needs.append((f"a training step's activations ({self.batch_size:,} x {self.split.longest:,} tokens)",
+                          self.step_activation_bytes()))
             needs.append(("sampling", sampling_memory_bytes(self.model, self.corpus.vocab_size)))
         return needs
+
+    def step_activation_bytes(self) -> int:
+        """About the most a training step's activations take: B documents of the
+        longest window (engine.model.step_activation_bytes)."""
+        return step_activation_bytes(self.model, self.corpus.vocab_size, self.split.longest, self.batch_size)
 
     def _check_host_memory(self) -> None:
         """Refuse a model that cannot fit, before allocating it: on Linux an

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..blas import one_blas_thread
 from ..heap import keep_freed_memory
-from ..model import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad, step_activation_bytes
+from ..model import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad
 from ..sampling import sample_ids
 from .base import Backend, TrainState
 
@@ -61,8 +61,7 @@ class NumpyBackend(Backend):
         self._pool = ThreadPoolExecutor(threads, "adam") if threads > 1 else None
         if self.xp is np and self.split.batch_size > 1:
             # a batch's activations are freed and allocated again every step (engine.heap)
-            keep_freed_memory(step_activation_bytes(self.model, self.corpus.vocab_size,
-                                                    int(self.split.positions.max()), self.split.batch_size))
+            keep_freed_memory(self.step_activation_bytes())
 
     def _adam_threads(self) -> int:
         if self.xp is not np:  # a GPU array module runs one update on the device
