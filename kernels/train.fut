@@ -201,7 +201,10 @@ type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
 -- backend), whose three results are written back into the same rows of
 -- the consumed buffers: Futhark places the map's results in those rows
 -- (memory short-circuiting), so nothing is copied or allocated but the
--- row of gradient, and the pass reads and writes each buffer once.
+-- row of gradient, and the pass reads and writes each buffer once.  The
+-- rows must be a slice Futhark cannot prove whole: with the whole array
+-- it replaced the buffers by the map's results, three fresh buffers every
+-- step.
 -- The gradient row comes from `coef` and `source`, so any producer of
 -- the activation gradients (one document, or a sum over several) fits.
 #[inline]
@@ -246,6 +249,44 @@ def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period:
        let source o = #[unsafe] s.xs[2 + 7 * layer + (if o < 3 * c then 0 else if o < 4 * c then 1
                                                   else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
        in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) coef source params m v
+
+-- | update_all as two parallel maps, one over the embeddings and lm_head
+-- and one over every layer's rows, for the multicore backend on several
+-- threads (microgpt.fut's `train_parallel`).  That backend wakes its
+-- threads for each map, tens of microseconds on a 2-core virtual machine,
+-- and each map ends waiting for its slower task: with a map per section,
+-- eight at s256, a two-thread s256 step took about 12% longer.  Sequential
+-- C keeps update_all: this form made its s256 step 4-8% slower (README
+-- "Performance").
+def update_all_merged [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period: i64)
+                                             (s: sources [t][c][c3][f][nv][l][k])
+                                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+                                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+  let (vocab, b) = (d.vocab, d.block_size)
+  let (embedding_end, head_end) = (vocab + b, 2 * vocab + b)
+  -- wte: the positions holding each token; wpe: row o is position o's;
+  -- lm_head: the dlogits
+  let outer o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
+                            else if o < embedding_end then f32.bool (i % period == o - vocab)
+                            else s.dlogits[i, o - embedding_end]
+  let (params, m, v) =
+    update_rows update 0 head_end outer (\o -> #[unsafe] s.xs[if o < embedding_end then 0 else 1]) params m v
+  -- the layers' rows: row q is row o = q % 12 C of layer j = q / 12 C, whose
+  -- activation gradients give its coefficients, fc2's rows of 4C being
+  -- four rows
+  let coef q = let (j, o) = (q / (12 * c), q % (12 * c))
+               let g = s.grads[j]
+               let (kind, col) = if o < 3 * c then (0, o) else if o < 4 * c then (1, o - 3 * c)
+                                 else if o < 8 * c then (2, o - 4 * c) else (3, (o - 8 * c) / 4)
+               in \i -> #[unsafe] if kind == 0 then g.dqkv[i, col] else if kind == 1 then g.dxmid[i, col]
+                                  else if kind == 2 then g.dhid[i, col] else g.dxout[i, col]
+  let source q = let (j, o) = (q / (12 * c), q % (12 * c))
+                 in #[unsafe] s.xs[2 + 7 * j + (if o < 3 * c then 0 else if o < 4 * c then 1
+                                               else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
+  -- counted from l rather than as the rows left: a slice Futhark cannot
+  -- prove whole stays an in-place update (with the whole array, the map's
+  -- results went to three fresh buffers every step)
+  in update_rows update head_end (12 * c * l) coef source params m v
 
 -- * Adam
 

@@ -22,7 +22,7 @@ from engine import Cancelled, Corpus, ModelConfig, TrainConfig, open_backend
 from engine.backends import futhark_backend as fbk
 from engine.batches import DataSplit
 from engine.model import Weights, loss_and_grad
-from futhark_support import CPU_BACKENDS, reference_samples
+from futhark_support import CPU_BACKENDS, assert_same_kernel_run, reference_samples
 
 # the libraries come from the shipped C (kernels/generated/), built once per session
 pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")]
@@ -110,6 +110,29 @@ def test_training_with_parallel_parts_matches_numpy(blocks, corpus):
         # moves an update by up to a step; no parameter may be half a step off
         np.testing.assert_allclose(backend._values(backend._call("get_params", weights)),
                                    reference.get_state().params, rtol=0, atol=train.learning_rate / 2)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_train_parallel_steps_are_trains(name, corpus):
+    """train_parallel (futhark-multicore's B = 1 entry on several threads: the
+    update pass as two parallel maps) computes train's steps: the same losses,
+    parameters and moments from the same state."""
+    model = MODELS["2layer-2head"]
+    backend = open_backend(name, model, TrainConfig(num_steps=100), corpus)
+    try:
+        backend.train(3)  # with Adam moments
+        state = backend.get_state()
+        runs = []
+        for entry in ("train", "train_parallel"):
+            weights = backend._call("new_weights", backend._model, state.params, state.m, state.v, state.step)
+            weights, losses = backend._call(entry, backend._model, weights, 10)
+            runs.append([backend._values(losses)]
+                        + [backend._values(backend._call(get, weights)) for get in ("get_params", "get_m", "get_v")])
+        for got, expected in zip(*runs):
+            assert_same_kernel_run(name, got, expected, rtol=1e-6, atol=1e-7)
+        assert np.abs(runs[1][1] - state.params).max() > 1e-4  # the steps moved the parameters
     finally:
         backend.close()
 

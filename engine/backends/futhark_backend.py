@@ -70,10 +70,16 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
     return np.array([s.offset for s in specs], dtype=np.int64)
 
 
-def train_entry(batch_size: int) -> str:
+def train_entry(batch_size: int, threads: int = 1) -> str:
     """The kernel's training entry point for this batch size: B = 1 has its own
-    (microgpt's step, unpadded), which a branch on B inside one entry slowed."""
-    return "train" if batch_size == 1 else "train_batch"
+    (microgpt's step, unpadded), which a branch on B inside one entry slowed.
+    On several multicore threads B = 1 runs `train_parallel`, the same step
+    with its update pass as two parallel maps rather than one per section of
+    rows (each map wakes the threads); sequential C keeps `train`, which
+    that form slowed (README "Performance")."""
+    if batch_size != 1:
+        return "train_batch"
+    return "train_parallel" if threads > 1 else "train"
 
 
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
@@ -143,7 +149,8 @@ class FutharkBackend(Backend):
         weights, self._weights = self._current_weights(), None  # consumed by the call, whatever happens
         self._lost = f"a failed train call at step {self.step} used them up (load a checkpoint or reset to go on)"
         try:
-            weights, losses = self._call(train_entry(self.train_config.batch_size), self._model, weights, k)
+            weights, losses = self._call(train_entry(self.train_config.batch_size, self.threads() or 1),
+                                         self._model, weights, k)
             losses = self._values(losses)  # syncs: errors of the steps surface here
         except BackendError as exc:
             raise BackendError(f"{exc}; {self._lost}") from None
