@@ -80,7 +80,6 @@ def test_multicore_threads_by_model_size():
             fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: bad})
 
 
-@pytest.mark.futhark
 def test_train_entry_by_batch_and_threads():
     """B = 1 on several multicore threads runs train_parallel; one thread (sequential
     C, where that form was slower) train; batches train_batch."""
@@ -89,6 +88,7 @@ def test_train_entry_by_batch_and_threads():
     assert fbk.train_entry(2) == fbk.train_entry(32, 2) == "train_batch"
 
 
+@pytest.mark.futhark
 @pytest.mark.parametrize("name, threads, library", [("futhark-multicore", 1, "c"),
                                                      (MULTICORE_2_THREADS, 2, "multicore")])
 def test_one_thread_runs_the_sequential_build(name, threads, library, corpus, futhark_cpu_builds):
