@@ -131,7 +131,7 @@ def one_document [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
 -- | one_document with the update pass as two parallel maps
 -- (update_all_merged), for the multicore backend on several threads.  Its
 -- own step and entry point: a branch between the two passes inside one
--- step copied the buffers (a futhark-c s256 step took 14 ms against 8).
+-- step copied the buffers (a futhark-c s256 step took 11.7 ms against 8.1).
 def one_document_merged [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =

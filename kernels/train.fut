@@ -221,6 +221,25 @@ def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
   in #[unsafe] (params with [first:first + n] = ps, m with [first:first + n] = ms,
                 v with [first:first + n] = vs)
 
+-- | Row o's coefficient at position i among wte's rows (o < vocab: the
+-- positions holding token o) and wpe's (position o - vocab's, i % period).
+def embedding_coef [t] (vocab: i64) (period: i64) (inputs: [t]i32) (o: i64) (i: i64): f32 =
+  #[unsafe] if o < vocab then f32.bool (i64.i32 inputs[i] == o) else f32.bool (i % period == o - vocab)
+
+-- | Row o's coefficient at position i among a layer's 12 C rows (wq, wk,
+-- wv, wo, fc1, then fc2's rows of 4C as four rows of C): its activation
+-- gradients g.
+def layer_coef [t][c][c3][f] (g: layer_grads [t][c][c3][f]) (o: i64) (i: i64): f32 =
+  #[unsafe] if o < 3 * c then g.dqkv[i, o]
+            else if o < 4 * c then g.dxmid[i, o - 3 * c]
+            else if o < 8 * c then g.dhid[i, o - 4 * c]
+            else g.dxout[i, (o - 8 * c) / 4]
+
+-- | Which of a layer's seven X matrices in the sources' xs (from 2 + 7 layer
+-- on: xn, y, xn2, relu(hid)'s four C-column parts) row o's gradient reads.
+def layer_source (c: i64) (o: i64): i64 =
+  if o < 3 * c then 0 else if o < 4 * c then 1 else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4
+
 -- | Every row's gradient, computed just before `update` turns the row of
 -- parameters and moments into new ones, in place: one pass (a parallel
 -- map per section of rows) that reads and writes each buffer once.  The rows are those of
@@ -234,28 +253,21 @@ def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period:
                                              (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
                                              : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
-  -- wte: the positions holding each token; wpe: row o is position o's
-  let embedding o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
-                                else f32.bool (i % period == o - vocab)
-  let (params, m, v) = update_rows update 0 (vocab + b) embedding (\_ -> s.xs[0]) params m v
+  let (params, m, v) =
+    update_rows update 0 (vocab + b) (embedding_coef vocab period s.inputs) (\_ -> s.xs[0]) params m v
   let (params, m, v) =
     update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v
   in loop (params, m, v) for layer < l do
-       let g = s.grads[layer]
-       let coef o i = #[unsafe] if o < 3 * c then g.dqkv[i, o]
-                                else if o < 4 * c then g.dxmid[i, o - 3 * c]
-                                else if o < 8 * c then g.dhid[i, o - 4 * c]
-                                else g.dxout[i, (o - 8 * c) / 4]
-       let source o = #[unsafe] s.xs[2 + 7 * layer + (if o < 3 * c then 0 else if o < 4 * c then 1
-                                                  else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
-       in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) coef source params m v
+       let source o = #[unsafe] s.xs[2 + 7 * layer + layer_source c o]
+       in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) (layer_coef s.grads[layer]) source
+                      params m v
 
 -- | update_all as two parallel maps, one over the embeddings and lm_head
 -- and one over every layer's rows, for the multicore backend on several
 -- threads (microgpt.fut's `train_parallel`).  That backend wakes its
 -- threads for each map, tens of microseconds on a 2-core virtual machine,
 -- and each map ends waiting for its slower task: with a map per section,
--- eight at s256, a two-thread s256 step took about 12% longer.  Sequential
+-- eight at s256, a two-thread s256 step took 8-12% longer.  Sequential
 -- C keeps update_all: this form made its s256 step 4-8% slower (README
 -- "Performance").
 def update_all_merged [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period: i64)
@@ -264,25 +276,14 @@ def update_all_merged [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (
                                              : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
   let (embedding_end, head_end) = (vocab + b, 2 * vocab + b)
-  -- wte: the positions holding each token; wpe: row o is position o's;
-  -- lm_head: the dlogits
-  let outer o i = #[unsafe] if o < vocab then f32.bool (i64.i32 s.inputs[i] == o)
-                            else if o < embedding_end then f32.bool (i % period == o - vocab)
-                            else s.dlogits[i, o - embedding_end]
+  -- wte, wpe, then lm_head: the dlogits
+  let outer o i = if o < embedding_end then embedding_coef vocab period s.inputs o i
+                  else #[unsafe] s.dlogits[i, o - embedding_end]
   let (params, m, v) =
     update_rows update 0 head_end outer (\o -> #[unsafe] s.xs[if o < embedding_end then 0 else 1]) params m v
-  -- the layers' rows: row q is row o = q % 12 C of layer j = q / 12 C, whose
-  -- activation gradients give its coefficients, fc2's rows of 4C being
-  -- four rows
-  let coef q = let (j, o) = (q / (12 * c), q % (12 * c))
-               let g = s.grads[j]
-               let (kind, col) = if o < 3 * c then (0, o) else if o < 4 * c then (1, o - 3 * c)
-                                 else if o < 8 * c then (2, o - 4 * c) else (3, (o - 8 * c) / 4)
-               in \i -> #[unsafe] if kind == 0 then g.dqkv[i, col] else if kind == 1 then g.dxmid[i, col]
-                                  else if kind == 2 then g.dhid[i, col] else g.dxout[i, col]
-  let source q = let (j, o) = (q / (12 * c), q % (12 * c))
-                 in #[unsafe] s.xs[2 + 7 * j + (if o < 3 * c then 0 else if o < 4 * c then 1
-                                               else if o < 8 * c then 2 else 3 + (o - 8 * c) % 4)]
+  -- the layers' rows: row q is row q % 12 C of layer q / 12 C
+  let coef q = layer_coef s.grads[q / (12 * c)] (q % (12 * c))
+  let source q = #[unsafe] s.xs[2 + 7 * (q / (12 * c)) + layer_source c (q % (12 * c))]
   -- counted from l rather than as the rows left: a slice Futhark cannot
   -- prove whole stays an in-place update (with the whole array, the map's
   -- results went to three fresh buffers every step)
