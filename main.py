@@ -4,7 +4,7 @@
     microgpt-gui demo [...]           train and sample in the terminal
     microgpt-gui bench [...]          measure the backends
 
-The window's options are parsed and checked (engine.cli.window_args) before
+The window's options are parsed and checked (engine.cli.commands.window_args) before
 Qt is imported, so --help, --version and every error need no display and no Qt.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from engine import cli
+    from engine.cli import commands as cli
 
     if argv and argv[0] in cli.COMMANDS:
         return cli.run_cli(argv)

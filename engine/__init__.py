@@ -1,11 +1,11 @@
 """microgpt-gui's engine: Qt-free configuration, data, backends and checkpoints."""
 from .backends import Backend, BackendInfo, TrainState, list_backends, load_checkpoint, open_backend
-from .checkpoint import read_checkpoint, save_checkpoint
+from .training.checkpoint import read_checkpoint, save_checkpoint
 from .config import PRESETS, ModelConfig, Preset, TrainConfig, get_preset
-from .batches import DataSplit
-from .data import Corpus, default_dataset_path, load_corpus
-from .learning import HeldoutPoint, HoldoutSchedule
-from .health import loss_warning
+from .data.split import DataSplit
+from .data.corpus import Corpus, default_dataset_path, load_corpus
+from .training.heldout import HeldoutPoint, HoldoutSchedule
+from .training.health import loss_warning
 from .errors import (BackendError, Cancelled, CheckpointError, DatasetError, EngineError, TrainingDiverged,
                      error_details)
 from .params import init_params, num_params, param_specs

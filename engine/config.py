@@ -68,7 +68,7 @@ class TrainConfig:
     # documents per step (1: microgpt's one name per step), padded and masked
     batch_size: int = 1
     # documents held out of training for the held-out loss: the last `holdout`
-    # of the training order; None: engine.batches.default_holdout, 0: none
+    # of the training order; None: engine.data.split.default_holdout, 0: none
     holdout: int | None = None
 
     def __post_init__(self) -> None:

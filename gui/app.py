@@ -1,5 +1,5 @@
 """`microgpt-gui` without a subcommand: open the window with the options
-engine.cli.window_args has parsed and checked, and run Qt."""
+engine.cli.commands.window_args has parsed and checked, and run Qt."""
 from __future__ import annotations
 
 import argparse
@@ -47,7 +47,7 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
 
 
 def run_gui(args: argparse.Namespace) -> int:
-    """args: engine.cli.window_args's; the preset and backend are known to be valid here."""
+    """args: engine.cli.commands.window_args's; the preset and backend are known to be valid here."""
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)

@@ -2,7 +2,7 @@
 sample), the attention probabilities of one layer and head as a heatmap with
 the characters on both axes: row i is the query position, column j the key
 it attends to. Positions never attend to later ones, so the upper triangle
-is left blank. The numbers come from engine.introspect through an InspectHub.
+is left blank. The numbers come from engine.model.introspect through an InspectHub.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QVBoxLayout, QWidget
 
-from engine import introspect as ins
+from engine.model import introspect as ins
 
 from .inspect_hub import InspectHub
 from .controls import buddy, plot_widget
@@ -20,7 +20,7 @@ ATTENTION_KEY = "attention"
 
 
 class AttentionPanel(QWidget):
-    mapsShown = Signal(object)  # the engine.introspect.Attention now drawn
+    mapsShown = Signal(object)  # the engine.model.introspect.Attention now drawn
 
     def __init__(self, hub: InspectHub, parent=None):
         super().__init__(parent, objectName="attentionPanel")

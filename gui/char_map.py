@@ -5,7 +5,7 @@ over the last refreshes (its earlier embeddings seen on today's axes), so
 the vowels' drift towards each other is visible. Each label sits on the side
 of its point where it covers no other label (place_labels), so characters
 that end up close together stay readable.
-The projection comes from engine.introspect through an InspectHub.
+The projection comes from engine.model.introspect through an InspectHub.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from PySide6.QtCore import QPointF, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from engine import introspect as ins
+from engine.model import introspect as ins
 
 from .controls import plot_widget
 from .inspect_hub import InspectHub
@@ -68,7 +68,7 @@ def place_labels(points: np.ndarray, sizes: np.ndarray, order: list[int]) -> lis
 
 
 class CharMapPanel(QWidget):
-    mapShown = Signal(object)  # the engine.introspect.CharMap now drawn
+    mapShown = Signal(object)  # the engine.model.introspect.CharMap now drawn
 
     def __init__(self, hub: InspectHub, parent=None):
         super().__init__(parent, objectName="charMapPanel")

@@ -16,7 +16,7 @@ import engine
 MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
 LIMITS = engine.config.FIELD_LIMITS  # the engine's ranges: a checkpoint outside them is refused
 FIELD_RANGES = {name: LIMITS["model." + name] for name in MODEL_FIELDS}
-AUTO_HOLDOUT = -1  # the Held-out field's "auto": engine.batches.default_holdout
+AUTO_HOLDOUT = -1  # the Held-out field's "auto": engine.data.split.default_holdout
 BATCH_TIP = ("Documents (names) per step: each step trains on the next B of them (padded and masked) with one Adam "
              "update; 1 is microgpt's")
 INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native frame and arrows stay)

@@ -11,7 +11,7 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 
 import engine
-from engine.run import DatasetIdentity, Phase, RunModel
+from engine.training.run_model import DatasetIdentity, Phase, RunModel
 
 from .background import NewestCall
 from .config_panel import ConfigPanel

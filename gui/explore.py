@@ -5,7 +5,7 @@ Tools > Scaling study.
 An ExploreController is given the run model, a way to send commands to the
 run's worker and the widgets it uses. The panels compute from parameter
 snapshots the worker sends while one of them is on screen (one InspectHub
-holds the newest); the run list keeps an engine.runs.RunRecord per run of
+holds the newest); the run list keeps an engine.training.records.RunRecord per run of
 the session, filled as the losses arrive, with its dataset.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QTabWidget, QWidget
 
-from engine import run_state as rs
-from engine.run import Phase, RunModel
-from engine.runs import RunRecord
+from engine.training import protocol as rs
+from engine.training.run_model import Phase, RunModel
+from engine.training.records import RunRecord
 
 from .attention_view import AttentionPanel
 from .char_map import CharMapPanel

@@ -18,8 +18,8 @@ from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 import engine
-from engine import run_state as rs
-from engine.runs import write_loss_csv
+from engine.training import protocol as rs
+from engine.training.records import write_loss_csv
 
 from .background import NewestCall, run_in_background
 from .dataset_control import DatasetController

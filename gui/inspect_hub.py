@@ -1,7 +1,7 @@
 """The inspect panels' shared state: the newest parameter snapshot and the
-background worker that computes engine.introspect results from it.
+background worker that computes engine.model.introspect results from it.
 
-The window feeds snapshots (engine.introspect.Snapshot, made in the training
+The window feeds snapshots (engine.model.introspect.Snapshot, made in the training
 thread between chunks) with set_snapshot; each panel asks for its results
 through request() and listens to resultReady for its own key. Quick results
 (the bars, attention, the map: milliseconds) and slow ones (beam search: up
@@ -17,7 +17,7 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
-from engine.introspect import Snapshot
+from engine.model.introspect import Snapshot
 
 from .latest_worker import LatestRequestWorker
 

@@ -43,7 +43,7 @@ class LossPlot(QWidget):
         self.redraws = 0  # counted for the responsiveness probe
         self._vocab_size = 0
         self.clock = StepClock()  # each step's training time, for the time axis
-        self.heldout: list = []   # engine.learning.HeldoutPoint, by step
+        self.heldout: list = []   # engine.training.heldout.HeldoutPoint, by step
         self.batch_size, self.train_docs, self._num_steps = 1, 0, 0
 
         self.plot = plot_widget("lossPlot", "")

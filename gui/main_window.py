@@ -1,6 +1,6 @@
 """The main window: settings on the left, the live loss plot and the samples
 on the right, controls, progress and status bar. It holds the run model
-(engine.run.RunModel) and the controllers that observe it, each given what it
+(engine.training.run_model.RunModel) and the controllers that observe it, each given what it
 uses: gui.run_control (runs and the worker's events), gui.dataset_control
 (the dataset), gui.file_actions (files and the File and Help menus) and
 gui.explore (the explore tabs). The run's state (step, losses, parameters)
@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QMainWindow, QP
                                QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 import engine
-from engine.run import Phase, RunModel
+from engine.training.run_model import Phase, RunModel
 
 from . import sessions as sessions_module
 from .config_panel import ConfigPanel
@@ -55,7 +55,7 @@ def plain_text(text: str) -> str:
 
 
 class MainWindow(QMainWindow):
-    stateChanged = Signal(str)     # the run's phase (engine.run.Phase's value)
+    stateChanged = Signal(str)     # the run's phase (engine.training.run_model.Phase's value)
     datasetChanged = Signal(str)   # path of the dataset now in use
     messageShown = Signal(str, str)  # kind ("error", "warning", "info"), text
     exported = Signal(str)         # path of a file export_csv wrote

@@ -2,7 +2,7 @@
 over the next character as bars (every character, and "end"), the most
 likely completions by beam search, and names sampled from the prefix.
 
-The numbers come from engine.introspect through an InspectHub (off the GUI
+The numbers come from engine.model.introspect through an InspectHub (off the GUI
 thread, the newest keystroke wins); sampling is asked of the window with
 sampleRequested and the names come back through show_samples.
 """
@@ -17,7 +17,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QDoubleSpinBox, QGridLayout, QHBoxLayout, QLabel,
                                QLineEdit, QListWidget, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from engine import introspect as ins
+from engine.model import introspect as ins
 
 from .inspect_hub import InspectHub
 from .controls import buddy, plot_widget, take_seed
@@ -31,8 +31,8 @@ BAR_BRUSH, END_BRUSH = pg.mkBrush(20, 70, 170), pg.mkBrush(200, 60, 60)
 class NextCharPanel(QWidget):
     sampleRequested = Signal(str, int, float, int)  # prefix, number of names, temperature, seed
     nameActivated = Signal(str)        # a completion or sample double-clicked (e.g. for the attention view)
-    distributionShown = Signal(object)  # the engine.introspect.NextChar now on the bars
-    completionsShown = Signal(object)  # the list of engine.introspect.Completion now listed
+    distributionShown = Signal(object)  # the engine.model.introspect.NextChar now on the bars
+    completionsShown = Signal(object)  # the list of engine.model.introspect.Completion now listed
 
     def __init__(self, hub: InspectHub, parent=None):
         super().__init__(parent, objectName="nextCharPanel")
@@ -261,5 +261,5 @@ class NextCharPanel(QWidget):
 
 
 def _complete_at_step(snap: ins.Snapshot, *args, cancel=None) -> tuple[int, list[ins.Completion]]:
-    """engine.introspect.complete, with the step of the parameters it searched."""
+    """engine.model.introspect.complete, with the step of the parameters it searched."""
     return snap.step, ins.complete(snap, *args, cancel=cancel)

@@ -19,7 +19,7 @@ class StepClock:
     first `untimed` steps have none (NaN: loaded from a checkpoint); a later
     chunk without a time (never in a run) is placed at the last known time, so
     the timed steps' times never fall and the plot draws them as slices. A
-    chunk's time is shared evenly among its steps, as engine.runs.RunRecord does."""
+    chunk's time is shared evenly among its steps, as engine.training.records.RunRecord does."""
 
     def __init__(self):
         self.n = 0

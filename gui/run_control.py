@@ -2,7 +2,7 @@
 Stop, Reset and Sample buttons only mirror them), starting, pausing,
 stopping, resuming, continuing and ending runs, and the worker's events.
 
-A RunController is given the run model (engine.run.RunModel), the sessions
+A RunController is given the run model (engine.training.run_model.RunModel), the sessions
 and the widgets it drives; it moves the model by the worker's events and its
 own starts and endings, and passes every event on to its listeners (the
 explore tabs). What Train means comes from the model (pause, resume, continue
@@ -24,9 +24,9 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QProgressBar, QPushButton
 
 import engine
-from engine import run_state as rs
-from engine.run import ACTIVE, DatasetIdentity, Phase, RunModel, TrainChoice
-from engine.runs import preset_name
+from engine.training import protocol as rs
+from engine.training.run_model import ACTIVE, DatasetIdentity, Phase, RunModel, TrainChoice
+from engine.training.records import preset_name
 
 from .config_panel import ConfigPanel
 from .loss_plot import LossPlot

@@ -23,9 +23,9 @@ from typing import Callable
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QWidget
 
-from engine import run_state as rs
-from engine.autosave import DEFAULT_KEEP, AutosaveClock, autosave_dir, autosave_path, prune_autosaves
-from engine.run import RunModel
+from engine.training import protocol as rs
+from engine.training.autosave import DEFAULT_KEEP, AutosaveClock, autosave_dir, autosave_path, prune_autosaves
+from engine.training.run_model import RunModel
 
 from .background import run_in_background
 from .dialogs import DISCARD, SAVE, ask_to_save

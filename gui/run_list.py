@@ -10,10 +10,10 @@ on another dataset than the reference (the current run's, or the open one)
 are marked: their rows greyed, their curves dashed, "other dataset" in the
 legend, since their losses are not comparable.
 
-Runs are engine.runs.RunRecord objects that the window fills as losses come
+Runs are engine.training.records.RunRecord objects that the window fills as losses come
 in; smoothing is the loss plot's, kept incrementally in a GrowingSeries per
 ticked run. What a run costs stays bounded: an ended run's record is
-compacted (engine.runs.MAX_POINTS), at most MAX_CHECKED runs are ticked (a
+compacted (engine.training.records.MAX_POINTS), at most MAX_CHECKED runs are ticked (a
 new run unticks the oldest), an unticked run keeps no curve or series, and
 runs can be removed (Remove, or the Delete key).
 """
@@ -26,7 +26,7 @@ from PySide6.QtGui import QColor, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from engine.runs import RunRecord
+from engine.training.records import RunRecord
 
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema_last

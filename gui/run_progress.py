@@ -11,7 +11,7 @@ import time
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QProgressBar
 
-from engine.run import Phase, RunModel
+from engine.training.run_model import Phase, RunModel
 
 from .plot_axes import epoch_text
 from .sessions import Sessions

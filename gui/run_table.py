@@ -7,7 +7,7 @@ import math
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import QTableWidget
 
-from engine.runs import RunRecord
+from engine.training.records import RunRecord
 
 COLUMNS = ["Run", "Preset", "Backend", "LR", "Batch", "Steps", "Smoothed loss", "Best held-out", "Final held-out",
            "ms/step", "names/s", "Dataset", "Status"]

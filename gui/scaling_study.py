@@ -1,7 +1,7 @@
 """Tools > Scaling study...: time per step against model size, per backend.
 
 Tick backends and presets and press Run: each (backend, preset) is measured
-in the background by `microgpt-gui bench`'s code (an engine.scaling measure
+in the background by `microgpt-gui bench`'s code (an engine.bench.scaling measure
 function), and a log-log plot of ms/step against the parameter count grows
 one point at a time, one line per backend, with a table beside it. Backends
 that cannot run here get a row saying why. Cancel stops the study at once;
@@ -22,9 +22,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLay
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 import engine
-from engine import bench, scaling
-from engine.bench import BenchResult
-from engine.bench_report import busy_note, is_busy, status_text
+from engine.bench import measure as bench
+from engine.bench import scaling
+from engine.bench.measure import BenchResult
+from engine.bench.report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
 from .background import BackgroundCall, emit_while_alive

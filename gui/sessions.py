@@ -20,7 +20,7 @@ import weakref
 
 from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal
 
-from engine.run_state import End, RunSpec
+from engine.training.protocol import End, RunSpec
 
 from .background import emit_while_alive
 from .worker import TrainingWorker
@@ -44,7 +44,7 @@ class WorkerReports(QObject):
     thread (queued from the worker's), and once the session has ended it is
     blocked, so nothing an ended worker still had queued reaches the window."""
 
-    event = Signal(object)  # an engine.run_state event
+    event = Signal(object)  # an engine.training.protocol event
 
     def relay(self, worker: TrainingWorker) -> None:
         worker.event.connect(self.event)  # queued: self lives on the GUI thread

@@ -1,22 +1,22 @@
 """Training off the GUI thread: a TrainingWorker (a QObject living in a QThread)
 that owns one backend, runs it in chunks of `backend.train(k)`, and reports
-by one signal, `event`, carrying engine.run_state events. No widget is
+by one signal, `event`, carrying engine.training.protocol events. No widget is
 touched from here.
 
 The backend is created, used and closed in the worker's thread only (Futhark
 contexts are not thread-safe). The GUI talks to the worker with `send(command)`
-(engine.run_state commands): most are queued and read between calls; Stop
+(engine.training.protocol commands): most are queued and read between calls; Stop
 and End also set flags at once (`interrupt`: a sample in progress is
 cancelled; `ending`: close the backend and finish, queued requests dropped).
 So the GUI never waits for the worker: a command takes effect after the
 current call, which is a chunk of about TARGET_CHUNK_S, one step of a large
 model, or an opening or a save that cannot be cut short. The worker's phase
-moves by engine.run's table. `call` names the call the worker is inside, for
+moves by engine.training.run_model's table. `call` names the call the worker is inside, for
 the window to show while it waits. The GUI reads no backend state: `step`,
 `train_seconds` and `loss_history()` are lock-free snapshots.
 
 Between chunks the worker also evaluates the held-out loss when
-engine.learning's HoldoutSchedule says it is due (within a tenth of the
+engine.training.heldout's HoldoutSchedule says it is due (within a tenth of the
 training time, and at the end), reported as Heldout events; a command that
 comes meanwhile cancels the evaluation between batches of documents.
 """
@@ -30,11 +30,11 @@ import numpy as np
 from PySide6.QtCore import QObject, Signal, Slot
 
 import engine
-from engine import run_state as rs
-from engine.introspect import Snapshot
-from engine.learning import HoldoutSchedule, evaluate_if_due, evaluation_estimate
-from engine.run import Phase, allows, extend_backend, next_phase
-from engine.run_state import RunInfo, RunSpec
+from engine.training import protocol as rs
+from engine.model.introspect import Snapshot
+from engine.training.heldout import HoldoutSchedule, evaluate_if_due, evaluation_estimate
+from engine.training.run_model import Phase, allows, extend_backend, next_phase
+from engine.training.protocol import RunInfo, RunSpec
 
 TARGET_CHUNK_S = 0.05  # each backend.train(k) call should take about this long
 MAX_STEPS_PER_CHUNK = 4096
@@ -45,7 +45,7 @@ SNAPSHOT_SHARE = 0.05
 
 
 class TrainingWorker(QObject):
-    event = Signal(object)  # an engine.run_state event
+    event = Signal(object)  # an engine.training.protocol event
     finished = Signal()     # the backend is closed; the thread ends next
 
     def __init__(self, spec: RunSpec):
@@ -370,7 +370,7 @@ class TrainingWorker(QObject):
         self._k = max(1, min(ideal, 2 * self._k, MAX_STEPS_PER_CHUNK))
 
     def _move(self, trigger) -> None:
-        """The next phase by engine.run's table, reported."""
+        """The next phase by engine.training.run_model's table, reported."""
         self.phase = next_phase(self.phase, trigger)
         self._emit(rs.PhaseChanged(self.phase))
         if (self.phase in (Phase.READY, Phase.PAUSED, Phase.DONE) and self.backend is not None

@@ -64,7 +64,7 @@ EOF
 
 log "dataset"
 # makemore's names.txt as the package ships it (checked by its sha256)
-names=$($PY -c 'from engine.data import default_dataset_path; print(default_dataset_path())' 2>>"$OUT/dataset.err" || true)
+names=$($PY -c 'from engine.data.corpus import default_dataset_path; print(default_dataset_path())' 2>>"$OUT/dataset.err" || true)
 if [ -z "$names" ] || [ ! -f "$names" ]; then
   echo "the packaged names.txt cannot be used (see $OUT/dataset.err): reinstall" | tee -a "$OUT/summary.txt"
   names=""

@@ -40,7 +40,7 @@ def main() -> int:
     from typist import Typist, latency_summary
 
     import engine
-    from engine import introspect as ins
+    from engine.model import introspect as ins
     from gui.attention_view import AttentionPanel
     from gui.char_map import CharMapPanel
     from gui.inspect_hub import InspectHub

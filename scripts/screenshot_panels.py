@@ -42,8 +42,8 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     import engine
-    from engine import introspect as ins
-    from engine.runs import RunRecord
+    from engine.model import introspect as ins
+    from engine.training.records import RunRecord
     from gui.attention_view import AttentionPanel
     from gui.char_map import CharMapPanel
     from gui.inspect_hub import InspectHub

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine import TrainConfig, open_backend
-from engine.checkpoint import NEW_IN_2
+from engine.training.checkpoint import NEW_IN_2
 
 TRAIN = TrainConfig(num_steps=30, learning_rate=0.02, seed=9)
 

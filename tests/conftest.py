@@ -1,7 +1,7 @@
 """Shared fixtures for the whole suite (engine, GUI and backend tests).
 
 The real dataset is makemore's names.txt as the package ships it
-(engine/datasets/names.txt): the suite needs nothing outside the repository.
+(engine/data/datasets/names.txt): the suite needs nothing outside the repository.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def names_corpus(names_path) -> Corpus:
 
 def read_microgpt_docs(path) -> list[str]:
     """microgpt's own loading and shuffling, with the global `random` module
-    (an independent reference for engine.data's training order)."""
+    (an independent reference for engine.data.corpus's training order)."""
     docs = [line.strip() for line in Path(path).read_text().strip().split("\n") if line.strip()]
     saved = random.getstate()
     try:

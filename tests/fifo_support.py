@@ -1,5 +1,5 @@
 """Refusing a named pipe: opening one with no writer to read waits forever, so a
-loader must refuse it without opening it (engine.files checks before opening)."""
+loader must refuse it without opening it (engine.data.files checks before opening)."""
 from __future__ import annotations
 
 import os

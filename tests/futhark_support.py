@@ -5,9 +5,9 @@ compiler where one is found, an environment in which no Futhark compiler
 independent reference of the kernel's sampler.
 
 The sampler's reference draws with tests/rng_reference.py (pure-Python
-SplitMix64 and the float64 inverse-CDF draw of engine/sampling.py's
+SplitMix64 and the float64 inverse-CDF draw of engine/model/sampling.py's
 definition), after NumPy's full forward pass over the whole prefix for every
-token (engine.model.next_token_logits, no cache).
+token (engine.model.gpt.next_token_logits, no cache).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import pytest
 from engine.futhark import build as fbuild
 from engine.futhark import cc, generated
 from engine.futhark import tools as ft
-from engine.model import Weights, next_token_logits
+from engine.model.gpt import Weights, next_token_logits
 
 from rng_reference import draw, uniform
 

@@ -1,6 +1,6 @@
 """microgpt's loss written plainly, position by position, in float64, and its
-step's tokens: the tests' reference, independent of engine.model and
-engine.batches (no batching, no backward pass, no token arrays)."""
+step's tokens: the tests' reference, independent of engine.model.gpt and
+engine.data.split (no batching, no backward pass, no token arrays)."""
 from __future__ import annotations
 
 import numpy as np

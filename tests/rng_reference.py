@@ -1,4 +1,4 @@
-"""An independent reference of sampling's random numbers (engine/sampling.py's
+"""An independent reference of sampling's random numbers (engine/model/sampling.py's
 module doc): SplitMix64 on Python integers, one number at a time, and the
 inverse-CDF draw on one row. The engine's NumPy version and the Futhark
 kernel's are held to it."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.model import forward, linear
-from engine.sampling import uniforms
+from engine.model.gpt import forward, linear
+from engine.model.sampling import uniforms
 
 BOUNDARY = 1e-5  # far above float32 logits' rounding (about 1e-7 of a probability)
 

@@ -1,5 +1,5 @@
-"""A training batch's faster operations (engine.batch_ops) against NumPy's plain
-forms and float64 references, and engine.heap: a batched step on NumPy takes
+"""A training batch's faster operations (engine.model.batch_ops) against NumPy's plain
+forms and float64 references, and engine.backends.heap: a batched step on NumPy takes
 no fresh memory from the system once it is running."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import batch_ops
+from engine.model import batch_ops
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # (tests/gui's conftest shadows tests/conftest.py in a whole run)
 
@@ -75,7 +75,7 @@ def test_qkv_grads_merged_is_the_three_products_merged_as_the_qkv_product():
         np.testing.assert_allclose(block, want, rtol=1e-5, atol=1e-6)
 
 
-# engine.heap ---------------------------------------------------------------------
+# engine.backends.heap ---------------------------------------------------------------------
 
 FAULTS_PER_STEP = textwrap.dedent("""
     import resource, sys
@@ -95,14 +95,14 @@ FAULTS_PER_STEP = textwrap.dedent("""
 
 def faults_per_step(mode: str) -> float:
     """Minor page faults per batched step on `learn`, in a fresh process (glibc's
-    thresholds at their start), with engine.heap's priming "on" or "off"."""
+    thresholds at their start), with engine.backends.heap's priming "on" or "off"."""
     done = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, mode], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return float(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="engine.heap tunes glibc's malloc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="engine.backends.heap tunes glibc's malloc")
 def test_a_batched_step_takes_no_fresh_pages_once_running():
     # about 200 faults per step (a step's activations mapped again) without the priming
     assert faults_per_step("off") > 50

@@ -1,4 +1,4 @@
-"""engine.bench's measurement (its timing loop: engine.bench_timing), and the PyTorch
+"""engine.bench.measure's measurement (its timing loop: engine.bench.timing), and the PyTorch
 reference it compares against."""
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import engine
-from engine import bench, bench_report, bench_timing
+from engine.bench import measure as bench
+from engine.bench import report as bench_report
+from engine.bench import timing as bench_timing
 
 DOCS = ["emma", "olivia", "ava", "isabella", "sophia", "charlotte", "mia", "amelia", "harper",
         "evelyn", "abigail", "emily", "elizabeth", "mila", "ella", "avery", "sofia", "camila"]
@@ -153,7 +155,7 @@ def test_torch_reference_matches_the_numpy_backend(warmup):
     hand-written backward and Adam) give the same losses step by step, with
     microgpt's schedule and with a warm-up."""
     pytest.importorskip("torch", reason="PyTorch is optional; the comparison needs it")
-    from engine.torch_reference import TorchReference
+    from engine.bench.torch_reference import TorchReference
 
     corpus = engine.Corpus.from_lines(DOCS)
     model = engine.ModelConfig(n_embd=24, n_layer=2, n_head=3, block_size=8)  # truncates long names
@@ -169,7 +171,7 @@ def test_torch_reference_heldout_loss_is_the_numpy_backends():
     """TorchReference's held-out loss (padded, masked autograd forward) equals the
     hand-written backend's at the same steps, with the backends' record and cancel."""
     pytest.importorskip("torch", reason="PyTorch is optional; the comparison needs it")
-    from engine.torch_reference import TorchReference
+    from engine.bench.torch_reference import TorchReference
 
     corpus = engine.Corpus.from_lines(DOCS)
     model = engine.ModelConfig(n_embd=24, n_layer=2, n_head=3, block_size=8)

@@ -1,4 +1,4 @@
-"""engine.checkpoint: resume equals an uninterrupted run; atomic writes that
+"""engine.training.checkpoint: resume equals an uninterrupted run; atomic writes that
 leave no partial file; permissions and the leftovers of killed saves.
 (Bad files: test_checkpoint_files.py.)"""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from dataclasses import replace
 
 from checkpoint_support import TRAIN
-from engine.batches import default_holdout
+from engine.data.split import default_holdout
 from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint, save_checkpoint
 
 
@@ -124,7 +124,7 @@ def _age(path, seconds):
 
 
 def test_the_next_save_removes_only_unlocked_leftovers(run, tmp_path):
-    from engine import checkpoint
+    from engine.training import checkpoint
 
     folder = tmp_path
     stale = folder / f"run.npz.0123456789ab{checkpoint.TEMP_SUFFIX}"
@@ -180,7 +180,7 @@ def test_a_save_killed_midway_keeps_the_old_file_and_the_next_save_cleans_up(run
     import subprocess
     import sys
 
-    from engine import checkpoint
+    from engine.training import checkpoint
 
     repo_root = Path(__file__).resolve().parents[1]
     path = tmp_path / "run.npz"

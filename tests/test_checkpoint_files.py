@@ -1,4 +1,4 @@
-"""engine.checkpoint's reading of bad files: every kind of damaged, foreign or
+"""engine.training.checkpoint's reading of bad files: every kind of damaged, foreign or
 unusable file is a CheckpointError that says what is wrong, found before
 anything large is decompressed."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`microgpt-gui bench` on the command line: its table and JSON, skipped and
 unknown backends, values refused before measuring, Futhark builds announced
-first (engine.bench's measurement itself: test_bench.py)."""
+first (engine.bench.measure's measurement itself: test_bench.py)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from engine.backends import _REGISTRY
 
 def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys):
     """The rows' processes would each build silently: the parent builds, announced."""
-    from engine import cli
+    from engine.cli import commands as cli
     from engine.futhark import build as fb
 
     built = []

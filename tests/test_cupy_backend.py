@@ -4,7 +4,7 @@ Without a GPU (CI, most machines) these tests check what is ours and runs
 anywhere: the availability probe's reasons (CuPy missing, no driver, old
 driver, no device, broken libraries), that opening the backend fails with a
 clear BackendError, that the fused Adam step's statements equal
-engine.model.adam_update, and that CupyBackend's chunk logic (device-resident
+engine.model.gpt.adam_update, and that CupyBackend's chunk logic (device-resident
 tokens, the masked fused step, one read-back per chunk, divergence and
 out-of-memory handling) trains like the NumPy backend when it runs on NumPy
 arrays (HostLogicBackend below: NumPy itself, not a fake CuPy). It is bit for
@@ -27,7 +27,7 @@ import engine.backends.numpy_backend as nb
 from engine import (PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, TrainingDiverged,
                     list_backends, open_backend)
 from engine.backends.numpy_backend import NumpyBackend
-from engine.model import adam_update
+from engine.model.gpt import adam_update
 
 from cupy_support import HostLogicBackend, assert_same_state, poisoned_params
 from reference_model import microgpt_step_tokens

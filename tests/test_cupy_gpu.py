@@ -80,7 +80,7 @@ def test_gpu_parity_with_numpy_over_50_steps(cupy, names_corpus, preset_name):
 
 @gpu
 def test_gpu_samples_equal_numpys_for_the_same_seed(cupy, names_corpus):
-    """engine.sampling's draw on the GPU backend: NumPy's names from the same
+    """engine.model.sampling's draw on the GPU backend: NumPy's names from the same
     parameters, up to draws within rounding of a CDF boundary."""
     preset = PRESETS["tiny"].with_steps(300)
     ref = NumpyBackend(preset.model, preset.train, names_corpus)

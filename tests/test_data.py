@@ -1,4 +1,4 @@
-"""engine.data: microgpt's training order, vocabulary, encoding, file handling,
+"""engine.data.corpus: microgpt's training order, vocabulary, encoding, file handling,
 the token arrays, and the packaged default dataset."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import Corpus, DatasetError, default_dataset_path
-import engine.data as data
+import engine.data.corpus as data
 from fifo_support import fifo_refusal
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ def test_the_wheel_and_sdist_ship_the_dataset_and_its_licence():
 
     config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "engine*" in config["packages"]["find"]["include"]
-    patterns = config["package-data"]["engine.datasets"]
+    patterns = config["package-data"]["engine.data.datasets"]
     for name in ("names.txt", "LICENSE-makemore.txt"):
         assert any(fnmatch.fnmatch(name, p) for p in patterns), name
         assert (data.DEFAULT_DATASET_PATH.parent / name).is_file()

@@ -1,9 +1,9 @@
 """Batches on the Futhark backends (kernels/batch.fut): a step over B documents
 padded to the longest and masked, one Adam update on the gradient of their mean
-loss, documents picked as engine.batches.DataSplit picks them.
+loss, documents picked as engine.data.split.DataSplit picks them.
 
 The references are independent of the kernel: NumPy's batched loss_and_grad
-(engine/model.py, itself held to float64 finite differences in
+(engine/model/gpt.py, itself held to float64 finite differences in
 tests/test_model_grad.py) and `vjp` of the kernel's forward-only loss
 (grad_vjp). The training gradient is read from training itself: with beta1 = 0,
 Adam's first moment after one step is exactly that step's gradient.
@@ -17,7 +17,7 @@ import pytest
 
 from engine import Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backend, read_checkpoint
 from engine.backends import futhark_backend as fbk, probe_backend
-from engine.model import Weights, loss_and_grad
+from engine.model.gpt import Weights, loss_and_grad
 from futhark_support import MULTICORE_2_THREADS
 
 pytestmark = pytest.mark.futhark

@@ -9,7 +9,7 @@ and uneven; 0: a GPU's thread per position and column), each run here by the
 sequential C build. It is read from training itself: with beta1 = 0, Adam's
 first moment after a step is exactly that step's gradient
 (m = 0 * m + 1 * g). Samples must equal
-tests/futhark_support.py's reference: engine/sampling.py's generator in pure
+tests/futhark_support.py's reference: engine/model/sampling.py's generator in pure
 Python (tests/rng_reference.py), NumPy's full forward pass for every token,
 the float64 inverse-CDF draw; and stop at max_length.
 """
@@ -20,8 +20,8 @@ import pytest
 
 from engine import Cancelled, Corpus, ModelConfig, TrainConfig, open_backend
 from engine.backends import futhark_backend as fbk
-from engine.batches import DataSplit
-from engine.model import Weights, loss_and_grad
+from engine.data.split import DataSplit
+from engine.model.gpt import Weights, loss_and_grad
 from futhark_support import CPU_BACKENDS, assert_same_kernel_run, reference_samples
 
 # the libraries come from the shipped C (kernels/generated/), built once per session

@@ -1,4 +1,4 @@
-"""engine.health.loss_warning: a finite loss far above ln(V) is a warning."""
+"""engine.training.health.loss_warning: a finite loss far above ln(V) is a warning."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""engine.introspect against independent computations: a float64 forward pass
+"""engine.model.introspect against independent computations: a float64 forward pass
 written position by position (microgpt's own formulation, with a growing list
 of keys and values), brute-force enumeration of completions, and PCA by
 numpy.linalg.svd."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine import introspect as ins
+from engine.model import introspect as ins
 
 
 # an independent reference: microgpt's per-position forward in float64 ------------

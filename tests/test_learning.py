@@ -1,4 +1,4 @@
-"""Batches of documents and the held-out loss: engine.data.DataSplit, the batched
+"""Batches of documents and the held-out loss: engine.data.corpus.DataSplit, the batched
 loss_and_grad, Backend.heldout_loss and the held-out history, against
 independent float64 references (tests/reference_model.py's plain forward pass,
 finite differences, a per-document loop with Adam written out here)."""
@@ -13,8 +13,8 @@ from cupy_support import HostLogicBackend
 from engine import Corpus, ModelConfig, TrainConfig, init_params, open_backend, param_specs
 from engine.backends import base
 from engine.backends.numpy_backend import NumpyBackend
-from engine.batches import DataSplit, default_holdout
-from engine.model import Weights, adam_update, batch_mask, doc_losses, loss_and_grad
+from engine.data.split import DataSplit, default_holdout
+from engine.model.gpt import Weights, adam_update, batch_mask, doc_losses, loss_and_grad
 from reference_model import microgpt_step_tokens, plain_loss_sum
 from test_reference import microgpt_train
 
@@ -29,7 +29,7 @@ def corpus() -> Corpus:
 
 
 def host_backends():
-    """The CPU backends whose batched step is engine.model's: NumPy, and CuPy's own
+    """The CPU backends whose batched step is engine.model.gpt's: NumPy, and CuPy's own
     code on NumPy (its device gather of the batch)."""
     return [("numpy", NumpyBackend), ("cupy-logic", HostLogicBackend)]
 
@@ -193,7 +193,7 @@ def test_padding_changes_nothing():
 # B = 1 and the training order -------------------------------------------------------
 
 def test_b1_without_holdout_is_microgpt_bit_for_bit(names_corpus):
-    """The backend's losses equal a loop of engine.model over microgpt's order (microgpt_step_tokens)."""
+    """The backend's losses equal a loop of engine.model.gpt over microgpt's order (microgpt_step_tokens)."""
     model = ModelConfig()
     train = TrainConfig(num_steps=40, holdout=0)
     got = open_backend("numpy", model, train, names_corpus).train(40)

@@ -15,8 +15,8 @@ from cli_support import run_in_process as run
 from cupy_support import HostLogicBackend
 from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint
 from engine.backends import BackendError, probe_backend
-from engine.bench_loss import ToLoss, train_to_loss
-from engine.learning import HoldoutSchedule
+from engine.bench.to_loss import ToLoss, train_to_loss
+from engine.training.heldout import HoldoutSchedule
 from test_learning import MODEL, corpus
 
 TRAIN = TrainConfig(num_steps=60, batch_size=3, holdout=3, learning_rate=0.01)
@@ -206,7 +206,7 @@ def test_futhark_holds_out_the_same_documents_and_its_doc_losses_match_numpy():
 
 @pytest.mark.parametrize("batch_size, threads_in_step", [(1, None), (4, 1)])
 def test_a_batched_numpy_step_runs_on_one_blas_thread(batch_size, threads_in_step, monkeypatch):
-    from engine import blas
+    from engine.backends import blas
     from engine.backends.numpy_backend import NumpyBackend
 
     functions = blas.thread_functions()

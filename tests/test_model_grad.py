@@ -1,12 +1,12 @@
-"""engine.model.loss_and_grad against central finite differences, in float64."""
+"""engine.model.gpt.loss_and_grad against central finite differences, in float64."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from engine import Corpus, ModelConfig, init_params, param_specs
-from engine.batches import DataSplit
-from engine.model import Weights, loss_and_grad
+from engine.data.split import DataSplit
+from engine.model.gpt import Weights, loss_and_grad
 from reference_model import plain_loss_sum
 
 MODEL = ModelConfig(n_embd=8, n_layer=2, n_head=2, block_size=8)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine import PRESETS, open_backend
-from engine.health import loss_warning
+from engine.training.health import loss_warning
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import engine
-from engine import run_state as rs
-from engine.autosave import AutosaveClock, autosave_path, autosaves, prune_autosaves
-from engine.run import (Phase, Refused, RunModel, TrainChoice, DatasetIdentity, TRANSITIONS, TRIGGERS, allows,
+from engine.training import protocol as rs
+from engine.training.autosave import AutosaveClock, autosave_path, autosaves, prune_autosaves
+from engine.training.run_model import (Phase, Refused, RunModel, TrainChoice, DatasetIdentity, TRANSITIONS, TRIGGERS, allows,
                         next_phase)
 
 N, O, RD, RU, PA, DN, FA, ST = (Phase.NONE, Phase.OPENING, Phase.READY, Phase.RUNNING, Phase.PAUSED,
@@ -170,7 +170,7 @@ def test_pruning_keeps_the_newest_autosaves(tmp_path):
 
 
 def test_extending_a_backend_is_resuming_its_checkpoint_with_more_steps(tmp_path):
-    from engine.run import extend_backend
+    from engine.training.run_model import extend_backend
 
     corpus = engine.Corpus(["anna", "bob", "carla", "dave", "emma", "fred"] * 5)
     model = engine.ModelConfig(n_embd=8, n_layer=1, n_head=2, block_size=8)

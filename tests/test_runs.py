@@ -1,9 +1,9 @@
-"""engine.runs: a run's losses and step times, grown chunk by chunk."""
+"""engine.training.records: a run's losses and step times, grown chunk by chunk."""
 import numpy as np
 import pytest
 
 import engine
-from engine.runs import RunRecord, preset_name
+from engine.training.records import RunRecord, preset_name
 
 
 def make(model=None):
@@ -49,7 +49,7 @@ def test_preset_name_matches_the_network_only():
 
 
 def test_the_loss_csv_has_the_readmes_header_and_leaves_nothing_half_written(tmp_path):
-    from engine.runs import write_loss_csv
+    from engine.training.records import write_loss_csv
 
     losses = np.random.default_rng(3).random(25)
     smoothed = np.cumsum(losses) / np.arange(1, 26)
@@ -69,8 +69,8 @@ def test_the_loss_csv_has_the_readmes_header_and_leaves_nothing_half_written(tmp
 def test_the_loss_csv_has_the_heldout_loss_on_the_rows_of_its_steps(tmp_path):
     import csv
 
-    from engine.learning import HeldoutPoint
-    from engine.runs import write_loss_csv
+    from engine.training.heldout import HeldoutPoint
+    from engine.training.records import write_loss_csv
 
     steps = np.arange(1, 41)
     points = [HeldoutPoint(10, 2.5), HeldoutPoint(25, 2.25), HeldoutPoint(40, 2.125), HeldoutPoint(99, 1.0)]
@@ -83,7 +83,7 @@ def test_the_loss_csv_has_the_heldout_loss_on_the_rows_of_its_steps(tmp_path):
 
 
 def test_a_records_heldout_points_give_best_final_and_names_per_second():
-    from engine.learning import HeldoutPoint
+    from engine.training.heldout import HeldoutPoint
 
     record = RunRecord("run 1", "numpy", engine.PRESETS["learn"].model, engine.PRESETS["learn"].train)
     assert np.isnan(record.best_heldout) and np.isnan(record.final_heldout)

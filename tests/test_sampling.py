@@ -1,4 +1,4 @@
-"""engine.sampling: the key/value-cache sampler gives the names the full-recompute
+"""engine.model.sampling: the key/value-cache sampler gives the names the full-recompute
 sampler gives (same seed, temperature and prefix), however its rows are batched,
 split and replayed, in bounded memory, and stops when asked; its random numbers
 are SplitMix64's (against tests/rng_reference.py and SplitMix64's published
@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine.sampling as sampling
+import engine.model.sampling as sampling
 from engine import Cancelled, Corpus, ModelConfig, TrainConfig, open_backend
-from engine.model import KVCache, next_token_logits
+from engine.model.gpt import KVCache, next_token_logits
 from rng_reference import draw as reference_draw, splitmix64 as reference_splitmix64, uniform as reference_uniform
 
 
@@ -211,7 +211,7 @@ def test_names_do_not_depend_on_the_batch_size(trained, monkeypatch):
 def test_cached_steps_equal_the_full_forward(long_names):
     """forward() one position at a time over a KVCache gives the hidden states of
     one forward over the whole sequence (the same function, two ways of calling it)."""
-    from engine.model import forward
+    from engine.model.gpt import forward
 
     b = long_names
     xp = np

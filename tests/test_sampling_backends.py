@@ -1,5 +1,5 @@
 """Same seed, same names on every backend: NumPy, futhark-c and futhark-multicore
-(its one-thread and two-thread builds) follow engine/sampling.py's one definition
+(its one-thread and two-thread builds) follow engine/model/sampling.py's one definition
 of the draw, so the same parameters, seed, temperature, prefix and max_length
 give the same names.
 

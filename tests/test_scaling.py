@@ -1,5 +1,5 @@
-"""engine.scaling: the study's plan, its CSV, and the measure function over
-engine.bench.run_isolated (the code behind `microgpt-gui bench`)."""
+"""engine.bench.scaling: the study's plan, its CSV, and the measure function over
+engine.bench.measure.run_isolated (the code behind `microgpt-gui bench`)."""
 from __future__ import annotations
 
 import csv
@@ -8,8 +8,8 @@ import time
 import pytest
 
 import engine
-from engine import scaling
-from engine.bench import BenchResult
+from engine.bench import scaling
+from engine.bench.measure import BenchResult
 
 
 def fake_availability(names):

@@ -32,7 +32,7 @@ def test_a_copy_with_nothing_beside_it_runs_the_data_tests_with_no_skips(tmp_pat
     shutil.copytree(REPO_ROOT, copy, ignore=LEFT_OUT)
     assert not any((folder / "shared").exists() for folder in copy.parents)
     env = alone()
-    where = subprocess.run([sys.executable, "-c", "import engine, engine.data as d; "
+    where = subprocess.run([sys.executable, "-c", "import engine, engine.data.corpus as d; "
                             "print(engine.__file__); print(d.DEFAULT_DATASET_PATH)"],
                            cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert where.stdout.splitlines() == [str(copy / "engine" / "__init__.py"),
@@ -62,9 +62,9 @@ def test_the_sdist_ships_names_txt_and_its_licence(tmp_path):
     name = build.stdout.strip().splitlines()[-1]
     with tarfile.open(tmp_path / "dist" / name) as sdist:
         members = {Path(m).relative_to(Path(m).parts[0]).as_posix(): m for m in sdist.getnames()}
-        names = sdist.extractfile(members["engine/datasets/names.txt"]).read()
-        licence = sdist.extractfile(members["engine/datasets/LICENSE-makemore.txt"]).read().decode()
+        names = sdist.extractfile(members["engine/data/datasets/names.txt"]).read()
+        licence = sdist.extractfile(members["engine/data/datasets/LICENSE-makemore.txt"]).read().decode()
     assert hashlib.sha256(names).hexdigest() == "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
     assert "MIT License" in licence
     sources = (copy / "microgpt_gui.egg-info" / "SOURCES.txt").read_text().split()
-    assert {"engine/datasets/names.txt", "engine/datasets/LICENSE-makemore.txt"} <= set(sources)
+    assert {"engine/data/datasets/names.txt", "engine/data/datasets/LICENSE-makemore.txt"} <= set(sources)

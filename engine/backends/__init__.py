@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..checkpoint import Checkpoint, read_checkpoint
+from ..training.checkpoint import Checkpoint, read_checkpoint
 from ..config import ModelConfig, TrainConfig
-from ..data import Corpus
+from ..data.corpus import Corpus
 from ..errors import BackendError, TrainingDiverged
 from .base import Backend, TrainState
 

@@ -12,16 +12,16 @@ from typing import Callable
 
 import numpy as np
 
-from ..checkpoint import save_checkpoint
+from ..training.checkpoint import save_checkpoint
 from ..config import ModelConfig, TrainConfig
-from ..batches import Batch, DataSplit
-from ..data import Corpus
+from ..data.split import Batch, DataSplit
+from ..data.corpus import Corpus
 from ..errors import BackendError, Cancelled, TrainingDiverged
-from ..learning import HeldoutPoint
+from ..training.heldout import HeldoutPoint
 from ..memory import available_memory_bytes, format_bytes, format_count, grown, limit_note
-from ..model import step_activation_bytes
+from ..model.gpt import step_activation_bytes
 from ..params import flatten, init_params, param_specs, unflatten
-from ..sampling import (check_max_length, check_prefix_length, check_sample_args, default_max_length,
+from ..model.sampling import (check_max_length, check_prefix_length, check_sample_args, default_max_length,
                         longest_document, memory_bytes as sampling_memory_bytes)
 
 
@@ -62,8 +62,8 @@ EVAL_BYTES = 64 << 20
 
 class HeldoutEvaluation:
     """The held-out bookkeeping every runner shares (Backend, and bench's
-    engine.torch_reference.TorchReference): progress over self.split (an
-    engine.batches.DataSplit) at self.step, and the held-out loss from the
+    engine.bench.torch_reference.TorchReference): progress over self.split (an
+    engine.data.split.DataSplit) at self.step, and the held-out loss from the
     runner's _doc_losses(batch) (Backend's abstract method says what it returns).
     The runner sets self._heldout = [] at step 0."""
 
@@ -154,7 +154,7 @@ class Backend(HeldoutEvaluation, ABC):
 
     def step_activation_bytes(self) -> int:
         """About the most a training step's activations take: B documents of the
-        longest window (engine.model.step_activation_bytes)."""
+        longest window (engine.model.gpt.step_activation_bytes)."""
         return step_activation_bytes(self.model, self.corpus.vocab_size, self.split.longest, self.batch_size)
 
     def _check_host_memory(self) -> None:
@@ -208,7 +208,7 @@ class Backend(HeldoutEvaluation, ABC):
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
                     cancel: Callable[[], bool] | None, *, max_length: int) -> list[list[int]]:
         """Token ids each sample generates after bos + prefix, without bos tokens,
-        drawn as engine.sampling's module doc defines (the same on every backend).
+        drawn as engine.model.sampling's module doc defines (the same on every backend).
 
         At most max_length - len(prefix) tokens each (max_length <= block_size,
         checked). Where the backend can, it calls cancel() between positions and
@@ -280,7 +280,7 @@ class Backend(HeldoutEvaluation, ABC):
         included; None: default_max_length(), the longest training document plus
         a few characters, at most block_size).
 
-        The same arguments give the same names on every backend (engine.sampling).
+        The same arguments give the same names on every backend (engine.model.sampling).
         cancel, if given, is polled during the call; when it returns True the call
         raises Cancelled (the training state is never changed by sampling)."""
         check_sample_args(num_samples, temperature, seed)
@@ -296,7 +296,7 @@ class Backend(HeldoutEvaluation, ABC):
         return [prefix + self.corpus.decode(sample) for sample in ids]
 
     def default_max_length(self, prefix_length: int = 0) -> int:
-        """sample()'s max_length when none is given (engine.sampling.default_max_length)."""
+        """sample()'s max_length when none is given (engine.model.sampling.default_max_length)."""
         return default_max_length(longest_document(self.corpus), self.model.block_size, prefix_length)
 
     def get_params(self) -> dict[str, np.ndarray]:

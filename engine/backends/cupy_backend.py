@@ -1,4 +1,4 @@
-"""The `cupy` backend: engine.model's math on an NVIDIA GPU through CuPy.
+"""The `cupy` backend: engine.model.gpt's math on an NVIDIA GPU through CuPy.
 
 Parameters, gradients and both Adam moments live on the GPU for the whole
 run, as do the corpus tokens (uploaded once, sliced per step on the device).
@@ -12,7 +12,7 @@ step, the step whose loss is NaN or inf changes nothing (nor do the steps
 queued after it), which is what Backend._train_steps promises. The kernel's
 arithmetic is the text in ADAM_STATEMENTS; `fused_step_host` runs the very
 same statements on NumPy arrays and is the reference the tests compare with
-engine.model.adam_update (on any machine) and with the kernel (on a GPU).
+engine.model.gpt.adam_update (on any machine) and with the kernel (on a GPU).
 
 This module imports without CuPy; CuPy is imported when the backend opens or
 the probe (engine.backends.cupy_probe: whether CuPy and a device work here) runs.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import adam_scales
+from ..model.gpt import adam_scales
 from ..errors import BackendError
 from .base import losses_until_divergence
 from .cupy_probe import probe
@@ -36,7 +36,7 @@ CUBLAS_STATUS_ALLOC_FAILED = 3
 # the fused Adam step: one text, compiled for the GPU and run on NumPy
 # --------------------------------------------------------------------------
 
-# microgpt's Adam for one element (engine.model.adam_update), as statements
+# microgpt's Adam for one element (engine.model.gpt.adam_update), as statements
 # that are both C and Python. float32 throughout; the kernel is compiled
 # without FMA contraction so it rounds like NumPy does.
 ADAM_STATEMENTS = (
@@ -243,7 +243,7 @@ class CupyBackend(NumpyBackend):
     def _sample_ids(self, num_samples: int, temperature: float, seed: int, prefix: list[int],
                     cancel=None, *, max_length: int) -> list[list[int]]:
         # NumPy's sampler with xp = cupy: the model runs on the GPU, the draw
-        # (engine.sampling's definition) on the host copies of the logits
+        # (engine.model.sampling's definition) on the host copies of the logits
         return self._without_running_out(f"sampling {num_samples} names", " Ask for fewer samples at once.",
                                          super()._sample_ids, num_samples, temperature, seed, prefix, cancel,
                                          max_length=max_length)

@@ -9,7 +9,7 @@ would leave them intact, cost about 70 ms a call at gpt2-small (README
 "Performance"). A failed train call therefore loses the weights; the
 backend says so, refuses what needs them, and set_state (a checkpoint, or
 a reset) gives it new ones. This module only marshals: the data's shape
-comes from engine.data, the parameter layout from engine.params.
+comes from engine.data.corpus, the parameter layout from engine.params.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..futhark import build as futhark_build
 from ..config import ModelConfig, TrainConfig
-from ..data import Corpus
+from ..data.corpus import Corpus
 from ..params import LAYER_PARAMS, ParamSpec
 from ..errors import BackendError, Cancelled
 from .base import Backend, TrainState, losses_until_divergence, sample_rows_to_ids
@@ -87,7 +87,7 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     """The arguments of the kernel's `new_model` entry point, in order. `blocks`:
     how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C.
     n_train: the documents training cycles over, the first n_train of the
-    training order (engine.batches.DataSplit; None: all); the kernel's step
+    training order (engine.data.split.DataSplit; None: all); the kernel's step
     reads documents (step * B + b) % (the documents it is given) for b < B,
     B = train.batch_size, as DataSplit.step_documents does."""
     arrays = corpus.arrays
@@ -161,7 +161,7 @@ class FutharkBackend(Backend):
                     cancel=None, *, max_length: int) -> list[list[int]]:
         """Samples in batches (a kernel call cannot be interrupted: cancel is
         polled between them); sample j's draws depend only on (seed, j) (the
-        kernel's uniform is engine.sampling's), so the batches give the same
+        kernel's uniform is engine.model.sampling's), so the batches give the same
         names as one call, and as NumPy."""
         start = np.asarray(prefix, dtype=np.int32)
         batch = sample_batch(self.model, num_samples)

@@ -1,4 +1,4 @@
-"""The reference backend: engine.model's math on NumPy (float32, CPU).
+"""The reference backend: engine.model.gpt's math on NumPy (float32, CPU).
 
 Parameters, gradients and both Adam moments each live in one flat buffer,
 so a step allocates nothing proportional to the model beyond activations.
@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..blas import one_blas_thread
-from ..heap import keep_freed_memory
-from ..model import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad
-from ..sampling import sample_ids
+from .blas import one_blas_thread
+from .heap import keep_freed_memory
+from ..model.gpt import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad
+from ..model.sampling import sample_ids
 from .base import Backend, TrainState
 
 # Adam is memory-bound and NumPy's element-wise operations use one core; on
@@ -27,7 +27,7 @@ ADAM_MIN_PER_THREAD = 1 << 20
 ADAM_MAX_THREADS = 4
 # A batch's products run on one OpenBLAS thread below this many parameters:
 # measured up to n_embd 128 (2 layers), where OpenBLAS's 2 threads took 4.6
-# times the CPU time of one and 5 times the wall time (engine/blas.py).
+# times the CPU time of one and 5 times the wall time (engine/backends/blas.py).
 BATCH_BLAS_THREADS_FROM = 1 << 20
 
 
@@ -60,7 +60,7 @@ class NumpyBackend(Backend):
                         for part in self.adam_parts]
         self._pool = ThreadPoolExecutor(threads, "adam") if threads > 1 else None
         if self.xp is np and self.split.batch_size > 1:
-            # a batch's activations are freed and allocated again every step (engine.heap)
+            # a batch's activations are freed and allocated again every step (engine.backends.heap)
             keep_freed_memory(self.step_activation_bytes())
 
     def _adam_threads(self) -> int:
@@ -121,7 +121,7 @@ class NumpyBackend(Backend):
             return self._train_steps_unchecked(k)
 
     def _one_blas_thread(self) -> bool:
-        """Whether a step's products run on one OpenBLAS thread (engine.blas): a
+        """Whether a step's products run on one OpenBLAS thread (engine.backends.blas): a
         batch's products below BATCH_BLAS_THREADS_FROM parameters, on NumPy.
         One document's products are too small for OpenBLAS to split anyway."""
         return self.split.batch_size > 1 and self._small_products()

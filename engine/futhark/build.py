@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..data import user_cache_dir
+from ..data.corpus import user_cache_dir
 from ..errors import BackendError
 from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
 from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13

@@ -10,8 +10,8 @@ import pytest
 from PySide6.QtCore import QRectF
 from PySide6.QtGui import QImage, QPainter
 
-from engine import introspect as ins
-from engine.bench import BenchResult
+from engine.model import introspect as ins
+from engine.bench.measure import BenchResult
 from gui.attention_view import AttentionPanel
 from gui.char_map import ANCHORS, CharMapPanel, label_box, place_labels
 from gui.inspect_hub import InspectHub

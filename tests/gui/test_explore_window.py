@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QLineEdit, QListWidget, QPushButton, QSplitter, QT
 
 import engine
 from engine import backends as registry
-from engine import introspect as ins
+from engine.model import introspect as ins
 from gui.run_list import COLUMNS
 
 from test_window import (TIMEOUT_MS, click, reference_backend, reference_losses, set_steps, train_to_end,

@@ -1,4 +1,4 @@
-"""The inspect panels (pytest-qt): each shows engine.introspect's results for the
+"""The inspect panels (pytest-qt): each shows engine.model.introspect's results for the
 snapshot it was given, computed off the GUI thread, and nothing else."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtCore import QPointF, Qt
 
 import engine
-from engine import introspect as ins
+from engine.model import introspect as ins
 from gui.attention_view import AttentionPanel
 from gui.char_map import CharMapPanel, VOWEL_COLOR, OTHER_COLOR
 from gui.inspect_hub import InspectHub

@@ -18,7 +18,7 @@ def worker(qtbot):
 
 
 def blocking(started: threading.Event, release: threading.Event, seen_cancel: list):
-    """A request that runs until released, polling cancel as engine.introspect does."""
+    """A request that runs until released, polling cancel as engine.model.introspect does."""
     def fn(value, cancel):
         started.set()
         while not release.wait(0.005):

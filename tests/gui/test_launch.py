@@ -13,7 +13,8 @@ import pytest
 import engine
 import main
 from cli_support import run_main
-from engine import cli, cli_args
+from engine.cli import commands as cli
+from engine.cli import args as cli_args
 from engine.backends import probe_backend
 
 ROOT = Path(__file__).resolve().parents[2]

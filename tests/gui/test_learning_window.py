@@ -11,7 +11,7 @@ from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QComboBox, QProgressBar, QPushButton, QSpinBox
 
 import engine
-from engine.batches import default_holdout
+from engine.data.split import default_holdout
 from gui.plot_axes import NAMES, SECONDS, STEP, epoch_text
 from gui.run_list import COLUMNS, HELDOUT
 

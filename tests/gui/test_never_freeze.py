@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QListWidget
 
 import engine
 import slow_backend
-from engine.run_state import Sample, Save
+from engine.training.protocol import Sample, Save
 from latency_probe import LatencyProbe
 from slow_backend import Delays, SlowBackend
 from test_window import TIMEOUT_MS, wait_state
@@ -92,7 +92,7 @@ def drive():  # inside run_gui's event loop: train, sample, close while sampling
     print(json.dumps({"close_s": time.monotonic() - started, "visible": window.isVisible()}), flush=True)
 
 QTimer.singleShot(0, drive)
-from engine.cli import window_args
+from engine.cli.commands import window_args
 status = run_gui(window_args(["--data", sys.argv[2]])[0])  # returns when the window has really closed
 print(json.dumps({"status": status, "samples_finished": slow_backend.SlowBackend.calls["sample"]}), flush=True)
 """

@@ -10,8 +10,8 @@ from PySide6.QtWidgets import QMessageBox
 
 import engine
 import slow_backend
-from engine.autosave import autosaves
-from engine.runs import MAX_POINTS, RunRecord
+from engine.training.autosave import autosaves
+from engine.training.records import MAX_POINTS, RunRecord
 from gui.run_list import COLUMNS, MAX_CHECKED
 from test_window import TIMEOUT_MS, click, curve, reference_losses, set_steps, train_to_end, wait_state
 
@@ -137,7 +137,7 @@ def reference_backend_losses(corpus, total, first=60):
                                   engine.TrainConfig(num_steps=first, **tiny_train()), corpus)
     head = backend.train(first)
     state, losses = backend.get_state(), backend.loss_history
-    ck = engine.checkpoint.Checkpoint(backend.model, backend.train_config, corpus, state.params, state.m, state.v,
+    ck = engine.training.checkpoint.Checkpoint(backend.model, backend.train_config, corpus, state.params, state.m, state.v,
                                       state.step, losses, "numpy")
     return np.concatenate([head, engine.load_checkpoint(ck, num_steps=total).train(total - first)])
 

@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 import engine
-from engine.runs import RunRecord
+from engine.training.records import RunRecord
 from gui.loss_plot import LossPlot
 from gui.loss_series import ema
 from gui.run_list import RunListPanel, COLUMNS

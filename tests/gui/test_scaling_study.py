@@ -11,8 +11,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 import engine
-from engine import bench_report
-from engine.bench import BenchResult
+from engine.bench import report as bench_report
+from engine.bench.measure import BenchResult
 from gui.scaling_study import STATUS_COLUMN, ScalingStudyDialog
 
 PARAMS = {"tiny": 4192, "s32": 27328, "s64": 155008}

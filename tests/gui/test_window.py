@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QComboBox, QListWidget, QProgressBar, QPushButton,
 
 import engine
 from engine import backends as registry
-from engine.run_state import Samples
+from engine.training.protocol import Samples
 
 TIMEOUT_MS = 60_000
 

@@ -114,7 +114,7 @@ def test_export_csv_matches_the_history(make_window, names_path, qtbot, tmp_path
 
 
 def test_a_first_start_opens_the_packaged_names_with_no_network(make_window, no_network):
-    from engine import data
+    from engine.data import corpus as data
 
     window = make_window(None)  # no --data and no dataset in the settings
     assert window.dataset_path == str(data.DEFAULT_DATASET_PATH) and not window.messages

@@ -1,13 +1,13 @@
 """The scaling study: ms per step against parameter count, one (backend,
-preset) at a time, measured by `microgpt-gui bench`'s own code (engine.bench).
+preset) at a time, measured by `microgpt-gui bench`'s own code (engine.bench.measure).
 
 A measure function has the narrow signature
 
-    measure(backend, preset, seconds, cancel) -> engine.bench.BenchResult
+    measure(backend, preset, seconds, cancel) -> engine.bench.measure.BenchResult
 
 (params, ms_per_step, status, reason ...), and raises engine.Cancelled when
 cancel() turns true. `isolated_measure(data)` makes one from
-engine.bench.run_isolated, which runs the configuration in a fresh process
+engine.bench.measure.run_isolated, which runs the configuration in a fresh process
 (the code `microgpt-gui bench` runs) and kills it when cancelled.
 """
 from __future__ import annotations
@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import bench
-from .bench import BenchResult
-from .bench_report import is_busy
+from . import measure as bench
+from .measure import BenchResult
+from .report import is_busy
 
 MeasureFn = Callable[[str, str, float, Callable[[], bool]], BenchResult]
 CSV_COLUMNS = ("backend", "preset", "params", "ms_per_step", "steps_per_s", "status", "reason", "load_avg", "busy")
 
 
 def isolated_measure(data: str | Path, sample_names: int = 0) -> MeasureFn:
-    """A measure function over engine.bench.run_isolated on the dataset `data`:
+    """A measure function over engine.bench.measure.run_isolated on the dataset `data`:
     the configuration runs in a fresh process for at least `seconds` of steps
     (bench's Budget), and cancel() kills that process within bench.POLL_S."""
     def measure(backend: str, preset: str, seconds: float, cancel: Callable[[], bool]) -> BenchResult:

@@ -1,13 +1,13 @@
 """The benchmark behind `microgpt-gui bench`: ms/step (median, min, max),
 steps/s, sampling time and peak memory per (backend, preset).
 
-Each configuration runs in a fresh Python process (`python -m engine.bench
+Each configuration runs in a fresh Python process (`python -m engine.bench.measure
 SPEC`), so its peak RSS is its own and not the largest seen so far; a
 Measurement is that process, which a caller can poll and cancel (the CLI
 waits on it; a window can poll it from a timer). The child times it with
-engine.bench_timing.measure (the timing loop and the row, BenchResult).
+engine.bench.timing.measure (the timing loop and the row, BenchResult).
 `torch` is PyTorch's CPU build doing the same step the usual way
-(engine.torch_reference), measured when PyTorch is importable.
+(engine.bench.torch_reference), measured when PyTorch is importable.
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .backends import list_backends
-from .bench_timing import TORCH, BenchResult, Budget, measure
-from .config import get_preset
-from .data import Corpus
-from .errors import Cancelled
+from ..backends import list_backends
+from .timing import TORCH, BenchResult, Budget, measure
+from ..config import get_preset
+from ..data.corpus import Corpus
+from ..errors import Cancelled
 
 POLL_S = 0.05  # how often Measurement.wait looks at the child and the cancel hook
 
@@ -101,7 +101,7 @@ class Measurement:
         self._err = tempfile.TemporaryFile("w+", encoding="utf-8")
         self._result: BenchResult | None = None
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.bench", json.dumps(spec)], stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "engine.bench.measure", json.dumps(spec)], stdin=subprocess.DEVNULL,
             stdout=self._out, stderr=self._err, env=_worker_env(), start_new_session=os.name == "posix")
 
     def poll(self) -> BenchResult | None:
@@ -162,7 +162,7 @@ def run_isolated(backend: str, preset: str, data: Path, budget: Budget = Budget(
                  cancel=None, batch: int = 1, to_loss=None) -> BenchResult:
     """Measure one configuration in a fresh process and wait for its row;
     cancel (optional, polled every POLL_S s) ends it: Cancelled is raised.
-    to_loss (an engine.bench_loss.ToLoss): train to a held-out loss instead of timing steps."""
+    to_loss (an engine.bench.to_loss.ToLoss): train to a held-out loss instead of timing steps."""
     with Measurement(backend, preset, data, budget, batch, to_loss) as measurement:
         return measurement.wait(cancel)
 
@@ -224,7 +224,7 @@ def _worker(argv: list[str]) -> int:
     try:
         corpus = Corpus.from_file(data)
         if to_loss is not None:
-            from .bench_loss import ToLoss, measure_to_loss
+            from .to_loss import ToLoss, measure_to_loss
 
             result = measure_to_loss(backend, preset, corpus, ToLoss(**to_loss), batch)
         else:

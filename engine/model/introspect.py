@@ -2,7 +2,7 @@
 prefix, beam-search completions, attention matrices and a 2-D map of the
 token embeddings. Qt-free, over a parameter Snapshot.
 
-Everything runs engine.model's own forward pass (never a second copy of the
+Everything runs engine.model.gpt's own forward pass (never a second copy of the
 model) on a snapshot's float32 parameters, as the backends' sampling does;
 probabilities are then taken in float64. A Snapshot is a copy detached from
 the backend, so it can be read in any thread while training goes on.
@@ -15,11 +15,11 @@ from typing import Callable
 
 import numpy as np
 
-from .config import ModelConfig
-from .data import char_encoder
-from .errors import Cancelled
-from .model import Weights, forward, next_token_logits
-from .params import flatten, param_specs
+from ..config import ModelConfig
+from ..data.corpus import char_encoder
+from ..errors import Cancelled
+from .gpt import Weights, forward, next_token_logits
+from ..params import flatten, param_specs
 from .sampling import check_prefix_length
 
 END_LABEL = "end"  # bos as the next character: the name ends here

@@ -19,9 +19,9 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .config import ModelConfig, TrainConfig
-from .data import Corpus
-from .run_state import (Closed, Command, End, Extend, Failed, Finished, Open, Opened, Pause, Resume, Sample,
+from ..config import ModelConfig, TrainConfig
+from ..data.corpus import Corpus
+from .protocol import (Closed, Command, End, Extend, Failed, Finished, Open, Opened, Pause, Resume, Sample,
                         Save, Stop, TakeSnapshot, WantSnapshots)
 
 
@@ -237,7 +237,7 @@ def extend_backend(backend, num_steps: int):
     """A backend continuing `backend`'s run to num_steps: its state reopened as a
     checkpoint resumed with num_steps is (the learning rate's linear decay is over
     the new total). The old backend stays open: the caller closes it."""
-    from .backends import load_checkpoint  # the registry imports the backends: only when used
+    from ..backends import load_checkpoint  # the registry imports the backends: only when used
     from .checkpoint import Checkpoint
 
     state = backend.get_state()

@@ -1,8 +1,8 @@
 """The command line: the window's options checked before Qt starts, and
 `microgpt-gui demo` and `microgpt-gui bench` run.
 
-Checking and printing only; the parsers are engine.cli_args's, the work is the
-engine's (backends, data) and engine.bench's, and the window is gui.app's
+Checking and printing only; the parsers are engine.cli.args's, the work is the
+engine's (backends, data) and engine.bench.measure's, and the window is gui.app's
 (main.py hands it the checked options, so nothing here imports Qt). Every error
 a person can fix is one line on stderr and a non-zero exit status: 2 for bad
 arguments or data, 1 for what cannot run here or failed; never a usage dump or
@@ -19,16 +19,18 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import bench, bench_loss, bench_report
-from .backends import BackendError, TrainingDiverged, open_backend, probe_backend
-from .batches import resolve_holdout
-from .cli_args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
-from .cli_checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
-from .data import DatasetError, default_dataset_path, load_corpus
-from .futhark import build as futhark_build
-from .health import loss_warning
-from .learning import HoldoutSchedule, evaluate_if_due
-from .sampling import check_max_length, check_prefix_length, check_sample_args
+from ..bench import measure as bench
+from ..bench import to_loss as bench_loss
+from ..bench import report as bench_report
+from ..backends import BackendError, TrainingDiverged, open_backend, probe_backend
+from ..data.split import resolve_holdout
+from .args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
+from .checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
+from ..data.corpus import DatasetError, default_dataset_path, load_corpus
+from ..futhark import build as futhark_build
+from ..training.health import loss_warning
+from ..training.heldout import HoldoutSchedule, evaluate_if_due
+from ..model.sampling import check_max_length, check_prefix_length, check_sample_args
 
 COMMANDS = ("demo", "bench")
 MAX_STEPS_PER_CALL = 100_000  # demo's train(k) calls: at most this many steps (400 KB of losses)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import torch_status
-from .bench_timing import CHUNKS, BenchResult, Budget
+from .measure import torch_status
+from .timing import CHUNKS, BenchResult, Budget
 
 _COLUMNS = "{:<17} {:<11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} {:>5} {:>8} {:>5}"  # 17: futhark-multicore
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import PRESETS, ModelConfig, TrainConfig
-from .memory import grown
+from ..config import PRESETS, ModelConfig, TrainConfig
+from ..memory import grown
 
 CUSTOM = "custom"
 LOSS_CSV_HEADER = "step,loss,smoothed,heldout"  # steps count from 1, as the window's do
@@ -42,14 +42,14 @@ class RunRecord:
     train: TrainConfig
     status: str = "running"  # "running", "finished", "stopped", "diverged", "loaded"
     dataset: str = ""        # the dataset's name, as the window shows it
-    dataset_hash: str = ""   # engine.run.DatasetIdentity.content_hash: runs of another are not comparable
+    dataset_hash: str = ""   # engine.training.run_model.DatasetIdentity.content_hash: runs of another are not comparable
     steps: int = field(default=0, init=False)
     block: int = field(default=1, init=False)  # steps per point (1 until compacted)
     _points: int = field(default=0, init=False, repr=False)
     _ms_per_step: float | None = field(default=None, init=False, repr=False)
     _losses: np.ndarray = field(default_factory=lambda: np.empty(256, dtype=np.float32), init=False, repr=False)
     _step_seconds: np.ndarray = field(default_factory=lambda: np.empty(256), init=False, repr=False)
-    # held-out evaluations (engine.learning.HeldoutPoint), by step: few, never compacted
+    # held-out evaluations (engine.training.heldout.HeldoutPoint), by step: few, never compacted
     heldout: list = field(default_factory=list, init=False, repr=False)
 
     def add_heldout(self, points, replacing: bool = False) -> None:

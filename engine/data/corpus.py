@@ -1,6 +1,6 @@
 """The corpus: documents in microgpt's training order, vocabulary, encoding,
 the token arrays every backend trains on, and the default dataset (makemore's
-names.txt, shipped in engine/datasets/).
+names.txt, shipped in engine/data/datasets/).
 
 This is the one place that shapes the data.
 """
@@ -18,9 +18,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .errors import DatasetError
+from ..errors import DatasetError
 from .files import NotARegularFile, open_regular_file
-from .memory import format_bytes
+from ..memory import format_bytes
 
 DEFAULT_DATASET_PATH = Path(__file__).resolve().parent / "datasets" / "names.txt"  # makemore's, MIT
 DEFAULT_DATASET_SHA256 = "0a30b5557f192f32ab962680889aac5f6fda0f4cecf40a6d0b5694f58ea8cc4d"
@@ -184,7 +184,7 @@ def check_text(text: str, path) -> None:
 def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
     """The bytes of a regular file of at most `limit` (MAX_DATASET_BYTES) bytes, else a DatasetError.
 
-    Opened without blocking and checked before reading (engine.files); the read
+    Opened without blocking and checked before reading (engine.data.files); the read
     itself stops after limit + 1 bytes, so a file that grows, or reports no
     size, is refused rather than read whole.
     """

@@ -9,8 +9,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from .config import get_preset
-from .sampling import check_sample_args
+from ..config import get_preset
+from ..model.sampling import check_sample_args
 
 # The engine's names for what a flag sets: its messages are shown with the flag typed.
 DEMO_FLAGS = {"num_steps": "--steps", "num_samples": "--samples", "learning_rate": "--lr",

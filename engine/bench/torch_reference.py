@@ -2,7 +2,7 @@
 
 nn.Module with nn.Linear/nn.Embedding parameters, autograd, torch.optim.Adam
 and a LambdaLR linear decay: the same architecture, loss and update as
-engine.model, so for equal initial parameters it gives the same losses.
+engine.model.gpt, so for equal initial parameters it gives the same losses.
 PyTorch is optional: nothing else in microgpt-gui imports this module.
 """
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig, TrainConfig
-from .backends.base import HeldoutEvaluation
-from .batches import DataSplit
-from .data import Corpus
-from .model import RMS_EPS
-from .params import init_params, param_specs
+from ..config import ModelConfig, TrainConfig
+from ..backends.base import HeldoutEvaluation
+from ..data.split import DataSplit
+from ..data.corpus import Corpus
+from ..model.gpt import RMS_EPS
+from ..params import init_params, param_specs
 
 
 def rmsnorm(x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ class MicroGPT(nn.Module):
 
 
 def masked_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
-    """Each position's cross-entropy for padded documents (B, T+1) (engine.batches.Batch's
+    """Each position's cross-entropy for padded documents (B, T+1) (engine.data.split.Batch's
     arrays), 0 at the padding: (B, T). Summed: the batch's loss (with the count, its mean)."""
     tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
     logits = net(tokens[:, :-1])
@@ -84,7 +84,7 @@ def masked_losses(net: MicroGPT, tokens: np.ndarray, lengths: np.ndarray) -> tor
 
 class TorchReference(HeldoutEvaluation):
     """Trains MicroGPT on the corpus as the backends do: the same documents per
-    step (engine.batches.DataSplit), padded and masked at B > 1, and the same
+    step (engine.data.split.DataSplit), padded and masked at B > 1, and the same
     held-out loss (HeldoutEvaluation, Backend's)."""
 
     name = "torch"

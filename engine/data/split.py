@@ -1,5 +1,5 @@
 """Which documents train and which are held out, and the padded batch each
-step trains on: with engine.data's token arrays, the one place that shapes
+step trains on: with engine.data.corpus's token arrays, the one place that shapes
 what the backends train and evaluate on.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import Corpus
+from .corpus import Corpus
 
 
 DEFAULT_HOLDOUT_MAX = 1000  # makemore holds out 1,000 names of names.txt

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ModelConfig, TrainConfig, limits_problem
-from .data import MAX_DATASET_BYTES, MAX_VOCAB_CHARS, Corpus
-from .errors import CheckpointError, DatasetError
-from .learning import HeldoutPoint
-from .files import NotARegularFile, open_regular_file
-from .memory import available_memory_bytes, format_bytes, limit_note
+from ..config import ModelConfig, TrainConfig, limits_problem
+from ..data.corpus import MAX_DATASET_BYTES, MAX_VOCAB_CHARS, Corpus
+from ..errors import CheckpointError, DatasetError
+from .heldout import HeldoutPoint
+from ..data.files import NotARegularFile, open_regular_file
+from ..memory import available_memory_bytes, format_bytes, limit_note
 
 try:
     import fcntl

@@ -6,7 +6,7 @@ softmax(logits / temperature) by the inverse CDF of one uniform number, until
 bos or max_length characters (default_max_length: the longest training
 document plus MAX_LENGTH_MARGIN, at most block_size). The prefix runs through
 the model once, for one row, and its keys and values are copied to every row;
-after that each new token is one forward step (engine.model.forward with a
+after that each new token is one forward step (engine.model.gpt.forward with a
 KVCache) for all the rows still going, instead of recomputing every earlier
 position.
 
@@ -44,9 +44,9 @@ from typing import Callable
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import Cancelled
-from .model import KVCache, Weights, forward, linear
+from ..config import ModelConfig
+from ..errors import Cancelled
+from .gpt import KVCache, Weights, forward, linear
 
 MAX_SAMPLES = 10_000  # names per sample() call (see Backend.sample)
 MAX_LENGTH_MARGIN = 5  # default_max_length: characters beyond the longest training document

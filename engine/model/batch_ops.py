@@ -1,4 +1,4 @@
-"""engine.model's reductions over the last axis in two forms, and faster forms
+"""engine.model.gpt's reductions over the last axis in two forms, and faster forms
 of two more of its operations, for a training batch.
 
 A batch is B documents of a few tokens each, so its attention rows (T keys)

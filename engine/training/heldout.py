@@ -1,6 +1,6 @@
 """Learning, not only stepping: the held-out loss's record and when to measure it.
 
-A run holds out documents (engine.batches.DataSplit) and evaluates their mean
+A run holds out documents (engine.data.split.DataSplit) and evaluates their mean
 per-token loss now and then (Backend.heldout_loss). Evaluation is a forward
 pass over every held-out document, so it costs time the run would otherwise
 train with: HoldoutSchedule spaces the evaluations so that they take at
@@ -65,7 +65,7 @@ class HoldoutSchedule:
 def evaluation_estimate(split, seconds_per_step: float) -> float:
     """A guess at one evaluation's seconds before any has run: a forward pass over
     the held-out positions at the training steps' speed (batched evaluation is
-    faster, so this errs towards evaluating later). split: an engine.batches.DataSplit."""
+    faster, so this errs towards evaluating later). split: an engine.data.split.DataSplit."""
     heldout = float(split.positions[split.heldout_documents()].sum())
     per_step = float(split.positions[: split.n_train].mean()) * split.batch_size
     return FORWARD_SHARE * seconds_per_step * heldout / max(per_step, 1.0)

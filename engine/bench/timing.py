@@ -1,4 +1,4 @@
-"""One bench configuration timed in this process (engine.bench runs it in a
+"""One bench configuration timed in this process (engine.bench.measure runs it in a
 child process of its own; see its docstring): after warm-up, the steps run
 as chunked `backend.train(k)` calls (the call the window makes) until both
 at least `steps` steps and at least `seconds` seconds are done, in about ten
@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .backends import open_backend
-from .config import get_preset
-from .data import Corpus
+from ..backends import open_backend
+from ..config import get_preset
+from ..data.corpus import Corpus
 
 TORCH = "torch"
 WARMUP_S = 0.3  # warm-up when its steps are not given: at least this long, and 3 steps
@@ -68,7 +68,7 @@ class BenchResult:
     runs_ms: list[float] = field(default_factory=list)  # every round's ms/step
     batch: int = 1  # documents per step
     names_per_s: float = 0.0  # documents trained on per second (steps/s x batch)
-    # `bench --to-loss` (engine.bench_loss): training until the held-out loss reaches target_loss
+    # `bench --to-loss` (engine.bench.to_loss): training until the held-out loss reaches target_loss
     target_loss: float | None = None
     reached: bool = False  # an evaluation found the held-out loss at or below target_loss
     train_s: float = 0.0  # training seconds until then (evaluation excluded)

@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 from . import batch_ops
 from .batch_ops import mean_last, reductions
-from .config import ModelConfig
-from .params import ParamSpec
+from ..config import ModelConfig
+from ..params import ParamSpec
 
 RMS_EPS = 1e-5
 
@@ -195,7 +195,7 @@ def forward(w: Weights, tokens, model: ModelConfig, xp, keep=False, kv: KVCache 
     earlier keys and values the cache holds: their own are stored in it and they
     attend to all of them. Sampling runs one new position per row this way.
     batch: tokens (B, T) are a batch of documents, whose short attention rows
-    engine.batch_ops reduces (its rounding differs from one document's).
+    engine.model.batch_ops reduces (its rounding differs from one document's).
     """
     t = tokens.shape[-1]
     h = model.n_head
@@ -391,6 +391,6 @@ def scatter_rows(out, rows, values, xp, by_sorting: bool = False) -> None:
 
 def next_token_logits(w: Weights, tokens, model: ModelConfig, xp):
     """Logits (N, V) for the token after each row of tokens (N, T), recomputing
-    the whole prefix (engine.sampling runs one position at a time instead)."""
+    the whole prefix (engine.model.sampling runs one position at a time instead)."""
     x, _ = forward(w, tokens, model, xp)
     return x[:, -1, :] @ w.lm_head.T

@@ -1,7 +1,7 @@
 """The command line's grammar: the window's options and the parsers of
 `microgpt-gui demo` and `microgpt-gui bench`, with argument types whose errors
 read as one line after the option's name ("--steps must be at least 1, got 0").
-engine.cli checks and runs what these parse; nothing here imports Qt.
+engine.cli.commands checks and runs what these parse; nothing here imports Qt.
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import math
 import re
 from pathlib import Path
 
-from . import bench_loss, bench_timing
-from .config import MAX_BATCH_SIZE, MAX_NUM_STEPS, PRESETS, get_preset
+from ..bench import to_loss as bench_loss
+from ..bench import timing as bench_timing
+from ..config import MAX_BATCH_SIZE, MAX_NUM_STEPS, PRESETS, get_preset
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
@@ -22,7 +23,7 @@ def package_version() -> str:
     try:
         return importlib.metadata.version("microgpt-gui")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
-        from . import __version__
+        from .. import __version__
 
         return __version__
 

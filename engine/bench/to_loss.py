@@ -16,10 +16,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from .bench_timing import BenchResult, _open, load_average, peak_rss_mb, row_load, with_batch
-from .config import get_preset
-from .data import Corpus
-from .learning import HoldoutSchedule, evaluate_if_due
+from .timing import BenchResult, _open, load_average, peak_rss_mb, row_load, with_batch
+from ..config import get_preset
+from ..data.corpus import Corpus
+from ..training.heldout import HoldoutSchedule, evaluate_if_due
 
 CHUNK_S = 0.25  # seconds of training between two chances to evaluate
 # Evaluation is excluded from the training time, so it may take a larger share

@@ -1,6 +1,6 @@
 """The training worker's protocol, written once: the commands a window sends
 (`TrainingWorker.send`), the events it gets back (one `event` signal), and
-what a run is opened from. Plain dataclasses, Qt-free: engine.run's table
+what a run is opened from. Plain dataclasses, Qt-free: engine.training.run_model's table
 says in which phase each command is allowed; gui.worker carries them out.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig, TrainConfig
-from .data import Corpus
+from ..config import ModelConfig, TrainConfig
+from ..data.corpus import Corpus
 
 
 # ---- what a run is opened from and what it reports when open ------------------------------
@@ -49,7 +49,7 @@ class RunInfo:
 # ---- commands: window -> worker ---------------------------------------------------------
 
 class Command:
-    """Something the window asks of the run (engine.run.TRANSITIONS says when it may)."""
+    """Something the window asks of the run (engine.training.run_model.TRANSITIONS says when it may)."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class Losses(Event):
 
 @dataclass(frozen=True)
 class Heldout(Event):
-    """Held-out evaluations (engine.learning.HeldoutPoint): one after a chunk or at
+    """Held-out evaluations (engine.training.heldout.HeldoutPoint): one after a chunk or at
     the end, or a checkpoint's whole history when it opens (replacing: True)."""
 
     points: tuple
@@ -172,7 +172,7 @@ class Samples(Event):
 
 @dataclass(frozen=True, eq=False)
 class SnapshotReady(Event):
-    snapshot: object  # an engine.introspect.Snapshot
+    snapshot: object  # an engine.model.introspect.Snapshot
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class Extended(Event):
 
 @dataclass(frozen=True)
 class PhaseChanged(Event):
-    phase: object  # an engine.run.Phase
+    phase: object  # an engine.training.run_model.Phase
 
 
 @dataclass(frozen=True)

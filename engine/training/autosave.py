@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from .data import user_data_dir
+from ..data.corpus import user_data_dir
 
 DEFAULT_KEEP = 3
 PREFIX = "autosave-"

@@ -1,0 +1,1 @@
+"""The command line: the window's options, `demo` and `bench`."""
