@@ -9,6 +9,7 @@ from .training.health import loss_warning
 from .errors import (BackendError, Cancelled, CheckpointError, DatasetError, EngineError, TrainingDiverged,
                      error_details)
 from .params import init_params, num_params, param_specs
+from .model import introspect  # `from engine import introspect`, as documented
 
 __version__ = "0.1.0"
 
