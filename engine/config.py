@@ -167,7 +167,7 @@ def _preset(c: int, layers: int, heads: int, block: int, lr: float, std: float, 
 
 # `tiny` is microgpt itself with its own hyperparameters. microgpt's lr 0.01 and
 # init_std 0.08 make the wider networks diverge, so those carry smaller values
-# (measured: see README, "Presets"). gpt2-small's first Adam steps at the full
+# (measured: see docs/learning.md, "Presets"). gpt2-small's first Adam steps at the full
 # rate move each of its 85 million weights by lr and overfit one name: it warms
 # up, and starts from smaller weights (no final norm: std 0.02 puts the first
 # logits' spread near 1, and the initial losses well above ln(V)).
@@ -180,7 +180,7 @@ PRESETS: dict[str, Preset] = {
     "gpt2-small": _preset(768, 12, 12, 1024, lr=0.0002, std=0.005, warmup=20),
     # for learning: 32 names per step, 4000 steps (4 epochs of names.txt's training
     # names); measured on numpy to reach a held-out loss of 2.05 in under 20 s of
-    # training (README "Presets"). Block 16 holds every name of names.txt.
+    # training (docs/learning.md, "Presets"). Block 16 holds every name of names.txt.
     "learn": Preset(ModelConfig(32, 2, 4, 16), TrainConfig(num_steps=4000, learning_rate=0.01, init_std=0.05,
                                                           batch_size=32)),
 }

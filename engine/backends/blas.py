@@ -2,9 +2,9 @@
 
 A batch of documents makes matrix products of a few hundred rows, which
 OpenBLAS splits over its threads; on 2 cores its threads then spend most of
-their time waiting for each other (measured on `learn`'s step: 27.6 ms of CPU
-time per step with OpenBLAS's 2 threads, 2.4 ms with one, and 58 vs 4.7 ms of
-wall time, load average 7). NumPy has no call for this, so the function is
+their time waiting for each other, several times slower than one thread
+(figures: docs/performance.md, "A batch's products run on one OpenBLAS
+thread"). NumPy has no call for this, so the function is
 looked up in the OpenBLAS library NumPy loaded (NumPy's wheels: scipy-openblas).
 Where there is none (another BLAS, another platform), one_blas_thread changes
 nothing.

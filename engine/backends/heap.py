@@ -5,16 +5,17 @@ there is more of it than a trim threshold (twice the mmap threshold, 128 KiB
 at the start); the next allocation then maps it again, one page fault per
 page. A batch on a small model allocates and frees a few MiB of activations
 each step, all of it below those thresholds, so every step paid for its pages
-again: a third of `learn`'s step at batch 32 (1.90 against 1.33 ms).
+again: a third of `learn`'s step at batch 32 (figures: docs/performance.md,
+"Freed memory stays in glibc's heap").
 
 glibc raises both thresholds by itself when a block it mapped on its own
 (larger than the mmap threshold, at most 32 MiB) is freed: keep_freed_memory
 frees one block the size of a step's activations, so a step's memory stays in
 the heap for the next one. mallopt could set the thresholds too, but setting
-any of them turns that adjustment off for the rest of the process; large
-models' activations are then mapped and unmapped every step (s256 at B = 1:
-13 against 330 ms/step). Elsewhere than glibc this allocates and frees one
-untouched block, and changes nothing.
+any of them turns that adjustment off for the rest of the process, and large
+models' activations are then mapped and unmapped every step, many times
+slower. Elsewhere than glibc this allocates and frees one untouched block,
+and changes nothing.
 """
 from __future__ import annotations
 

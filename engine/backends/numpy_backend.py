@@ -19,15 +19,15 @@ from .base import Backend, TrainState
 
 # Adam is memory-bound and NumPy's element-wise operations use one core; on
 # large models, contiguous parts of the buffers are updated in parallel threads
-# (NumPy releases the GIL inside each operation). One thread more than cores:
-# OpenBLAS's workers keep spinning for ~0.1 s after the backward pass's last
-# product and would otherwise hold a core (measured: 107 vs 121 ms on 2 cores).
-# Below ADAM_MIN_PER_THREAD parameters per thread the hand-off costs more than it saves.
+# (NumPy releases the GIL inside each operation). One thread more than cores,
+# since OpenBLAS's workers keep spinning after the backward pass and hold a core.
+# Below ADAM_MIN_PER_THREAD parameters per thread the hand-off costs more than it
+# saves. Figures: docs/performance.md, "What makes the NumPy step fast".
 ADAM_MIN_PER_THREAD = 1 << 20
 ADAM_MAX_THREADS = 4
-# A batch's products run on one OpenBLAS thread below this many parameters:
-# measured up to n_embd 128 (2 layers), where OpenBLAS's 2 threads took 4.6
-# times the CPU time of one and 5 times the wall time (engine/backends/blas.py).
+# A batch's products run on one OpenBLAS thread below this many parameters, where
+# OpenBLAS's threads mostly wait on each other (engine/backends/blas.py; figures:
+# docs/performance.md, "A batch's products run on one OpenBLAS thread").
 BATCH_BLAS_THREADS_FROM = 1 << 20
 
 
@@ -109,7 +109,7 @@ class NumpyBackend(Backend):
     def _doc_losses(self, batch) -> np.ndarray:
         tokens = self.xp.asarray(batch.tokens)
         # held-out batches are up to EVAL_MAX_DOCS documents: products of thousands
-        # of rows, on one OpenBLAS thread too (learn: 31 against 156 ms per evaluation)
+        # of rows, faster on one OpenBLAS thread too (docs/performance.md)
         with np.errstate(over="ignore", invalid="ignore"), one_blas_thread(self._small_products()):
             sums = doc_losses(self.w, tokens[:, :-1], tokens[:, 1:], batch.lengths, self.model, self.xp)
         return self._to_host(sums)
