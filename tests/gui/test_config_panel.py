@@ -32,11 +32,13 @@ def test_a_loaded_runs_warmup_is_shown(qtbot):
     assert panel.warmup_spin.value() == 25 and panel.train_config() == train
 
 
-def test_a_warmup_beyond_the_field_is_shown_at_its_maximum(qtbot):
-    """A checkpoint may hold up to 10^12 warm-up steps, past a spin box's int range."""
+def test_the_longest_warmup_fits_the_field(qtbot):
+    """A checkpoint held up to 10^12 warm-up steps, past a spin box's int range; it
+    holds at most engine.config's limit now, and the field shows that."""
     panel = make_panel(qtbot)
-    panel.set_configs(engine.ModelConfig(), engine.TrainConfig(num_steps=500, warmup_steps=10**12))
-    assert panel.warmup_spin.value() == panel.warmup_spin.maximum()
+    most = engine.config.FIELD_LIMITS["train.warmup_steps"][1]
+    panel.set_configs(engine.ModelConfig(), engine.TrainConfig(num_steps=500, warmup_steps=most))
+    assert panel.warmup_spin.value() == most
 
 
 def test_the_warmup_persists_in_the_settings(qtbot, tmp_path):
