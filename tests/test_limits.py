@@ -142,6 +142,34 @@ def test_the_issues_values_are_refused_before_a_run(model, train, message):
     assert str(info.value) == message
 
 
+ISSUE_CALLS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import engine
+corpus = engine.Corpus.from_lines(["anna", "bob", "carla"])
+for shape, train in [(dict(block_size=10**12), {}), ({}, dict(init_std=1e19))]:
+    try:
+        engine.open_backend("numpy", engine.ModelConfig(**shape), engine.TrainConfig(**train), corpus)
+    except ValueError as exc:
+        print(type(exc).__name__, exc)
+"""
+
+
+def test_the_issues_raw_errors_are_value_errors_in_a_real_process(tmp_path):
+    """block_size 10^12 through the API was a raw OverflowError (Python integer out of
+    bounds for int32), init std 1e19 a NumPy RuntimeWarning on stderr."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", ISSUE_CALLS, str(root)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == ["ValueError block_size must be at most 4,096, got 1,000,000,000,000",
+                                          "ValueError init_std must be at most 1, got 1e+19"]
+
+
 # ---- the command line ---------------------------------------------------------
 
 FLAGS = {f"train.{name}": flag for name, flag in DEMO_FLAGS.items() if f"train.{name}" in FIELD_LIMITS}
