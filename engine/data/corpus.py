@@ -186,7 +186,8 @@ def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
 
     Opened without blocking and checked before reading (engine.data.files); the read
     itself stops after limit + 1 bytes, so a file that grows, or reports no
-    size, is refused rather than read whole.
+    size, is refused rather than read whole. A file that changes while it is read
+    (truncated, grown or rewritten by another program) is refused, not loaded in part.
     """
     limit = MAX_DATASET_BYTES if limit is None else limit
     too_large = (f"{path} is larger than {format_bytes(limit)}, the most microgpt-gui reads as a "
@@ -196,7 +197,9 @@ def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
         with f:
             if size > limit:
                 raise DatasetError(f"{too_large} ({format_bytes(size)})")
+            before = os.fstat(f.fileno())
             raw = f.read(limit + 1)
+            after = os.fstat(f.fileno())
     except FileNotFoundError:
         raise DatasetError(f"dataset file not found: {path}") from None
     except NotARegularFile as exc:
@@ -208,7 +211,21 @@ def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
         raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
     if len(raw) > limit:
         raise DatasetError(too_large)
+    if changed_while_read(before, after, len(raw)):
+        raise DatasetError(
+            f"{path} changed while it was being read: it had {before.st_size:,} bytes when opened, "
+            f"{len(raw):,} were read, and it has {after.st_size:,} now. Another program is writing "
+            "it; open it again once that has finished")
     return raw
+
+
+def changed_while_read(before: os.stat_result, after: os.stat_result, bytes_read: int) -> bool:
+    """Whether a file's read saw something other than its content when opened: its size
+    or modification time moved, or the bytes read differ from its size. A file that
+    reports size 0 throughout (/proc) has no size to compare the bytes with."""
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        return True
+    return bytes_read != before.st_size and before.st_size != 0
 
 
 # default dataset ------------------------------------------------------------
