@@ -4,8 +4,8 @@ Marshalling (parameter layout, corpus arrays, loss and sample decoding) is
 checked without building anything. Tests marked `futhark` build the C and
 multicore backends from the shipped generated C (kernels/generated/) with
 no Futhark compiler to be found, as on a user's machine or in CI; each
-library is built once per session (and then comes from the per-user
-cache). (How they are built: test_futhark_build.py.)
+library is built once per session (and then comes from the suite's build
+cache, see conftest.py). (How they are built: test_futhark_build.py.)
 """
 from __future__ import annotations
 

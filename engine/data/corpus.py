@@ -230,8 +230,16 @@ def changed_while_read(before: os.stat_result, after: os.stat_result, bytes_read
 
 # default dataset ------------------------------------------------------------
 
+# Folders that replace the per-user ones (tests, CI, a portable install): the data
+# folder holds autosaves, the cache folder the compiled Futhark backends.
+DATA_DIR_ENV = "MICROGPT_GUI_DATA_DIR"
+CACHE_DIR_ENV = "MICROGPT_GUI_CACHE_DIR"
+
+
 def user_data_dir() -> Path:
-    """Per-user data directory (XDG on Linux, the platform's own elsewhere)."""
+    """Per-user data directory (XDG on Linux, the platform's own elsewhere), or $MICROGPT_GUI_DATA_DIR."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV])
     if sys.platform == "win32":
         base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
     elif sys.platform == "darwin":
@@ -242,6 +250,9 @@ def user_data_dir() -> Path:
 
 
 def user_cache_dir() -> Path:
+    """Per-user cache directory (XDG on Linux, the platform's own elsewhere), or $MICROGPT_GUI_CACHE_DIR."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
     if sys.platform == "win32":
         return user_data_dir() / "cache"
     if sys.platform == "darwin":
