@@ -16,6 +16,7 @@ import pytest
 import engine
 from cli_support import run_in_process as run, run_main, write_lines
 from engine.backends import probe_backend
+from engine.cli.args import build_parser, window_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,6 +192,40 @@ def test_demo_rejects_a_bad_max_length_before_training(argv, message, tmp_path, 
     code, out, err = run(["demo", "--data", str(data), "--steps", "5", *argv], capsys)
     assert (code, err) == (2, f"error: {message}\n")
     assert "step " not in out
+
+
+@pytest.mark.parametrize("preset", list(engine.PRESETS))
+def test_demo_trains_the_presets_own_steps(preset):
+    """`demo --preset learn` trained 500 steps, not the preset's 4,000 (issue 27):
+    without --steps a demo runs the preset's run, with --steps that many."""
+    from engine.cli.checks import demo_configs
+
+    _, train = demo_configs(build_parser().parse_args(["demo", "--preset", preset]))
+    assert train == engine.PRESETS[preset].train
+    _, train = demo_configs(build_parser().parse_args(["demo", "--preset", preset, "--steps", "7"]))
+    assert train == engine.PRESETS[preset].with_steps(7).train
+
+
+def test_demo_without_steps_runs_tinys_1000(tmp_path, capsys):
+    data = write_lines(tmp_path / "names.txt", SMALL_DOCS)
+    code, out, err = run(["demo", "--data", str(data), "--samples", "1"], capsys)
+    assert code == 0, err
+    progress = [line for line in out.splitlines() if line.startswith("step ")]
+    assert progress[0].startswith("step  100 / 1000 | ") and progress[-1].startswith("step 1000 / 1000 | ")
+
+
+def test_the_help_lists_learn_first_and_each_presets_steps(capsys):
+    """learn, the preset for learning, came last in the list."""
+    assert ", ".join(engine.PRESETS).startswith("learn, tiny, ")
+    with pytest.raises(SystemExit):
+        window_parser().parse_args(["--help"])
+    assert f"--preset PRESET model preset to select at start ({', '.join(engine.PRESETS)})" in \
+        " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"model size: {', '.join(engine.PRESETS)} (default tiny)" in text
+    assert "training steps (default: the preset's; learn: 4,000; tiny, s32, s64, s128, s256, gpt2-small: 1,000)" in text
 
 
 def test_demo_warns_when_the_loss_climbs_far_above_ln_v(tmp_path, capsys):

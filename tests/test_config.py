@@ -145,6 +145,14 @@ PRESET_SHAPES = {  # name: (n_embd, n_layer, n_head, block_size), from issue 2
 }
 
 
+def test_learn_is_listed_first_and_tiny_stays_the_default():
+    """learn, the preset for learning, was last in every list (issue 27)."""
+    from engine.config import DEFAULT_PRESET
+
+    assert list(PRESETS) == ["learn", "tiny", "s32", "s64", "s128", "s256", "gpt2-small"]
+    assert DEFAULT_PRESET == "tiny"
+
+
 def test_presets_are_exactly_the_issues_list():
     assert set(PRESETS) == set(PRESET_SHAPES)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..bench import to_loss as bench_loss
 from ..bench import timing as bench_timing
-from ..config import FIELD_LIMITS, PRESETS, get_preset, limit_problem
+from ..config import DEFAULT_PRESET, FIELD_LIMITS, PRESETS, get_preset, limit_problem
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
@@ -130,6 +130,14 @@ def preset_list(text: str) -> list[str]:
     return [preset_name(name) for name in name_list(text)]
 
 
+def preset_steps() -> str:
+    """Each preset's steps, grouped: "learn: 4,000; tiny, s32, ...: 1,000"."""
+    groups: dict[int, list[str]] = {}
+    for name, preset in PRESETS.items():
+        groups.setdefault(preset.train.num_steps, []).append(name)
+    return "; ".join(f"{', '.join(names)}: {steps:,}" for steps, names in groups.items())
+
+
 # the window's options --------------------------------------------------------
 
 HEADLESS_HELP = """\
@@ -166,8 +174,10 @@ def build_parser() -> OneLineParser:
 
     demo = commands.add_parser("demo", help="train, then print samples (no window)")
     demo.add_argument("--backend", default="numpy", help="engine backend (default numpy)")
-    demo.add_argument("--preset", type=preset_name, default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
-    demo.add_argument("--steps", type=setting("train.num_steps"), default=500, help="training steps (default 500)")
+    demo.add_argument("--preset", type=preset_name, default=DEFAULT_PRESET,
+                      help=f"model size: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
+    demo.add_argument("--steps", type=setting("train.num_steps"),
+                      help=f"training steps (default: the preset's; {preset_steps()})")
     demo.add_argument("--samples", type=positive_int, default=10, help="names to sample (default 10)")
     demo.add_argument("--temperature", type=positive_float, default=0.5, help="sampling temperature (default 0.5)")
     demo.add_argument("--prefix", default="", help="sampled names start with this text (default: none)")

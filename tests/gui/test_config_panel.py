@@ -49,3 +49,13 @@ def test_the_warmup_persists_in_the_settings(qtbot, tmp_path):
     again = make_panel(qtbot)
     again.restore_settings(settings)
     assert again.train_config().warmup_steps == 40
+
+
+def test_learn_is_listed_first_and_tiny_selected(qtbot):
+    """learn, the preset for learning, was last in the combo (issue 27); a first start
+    still selects microgpt's tiny."""
+    panel = make_panel(qtbot)
+    combo = panel.preset_combo
+    assert [combo.itemText(i) for i in range(combo.count())] == list(engine.PRESETS)
+    assert combo.itemText(0) == "learn" and combo.currentText() == "tiny"
+    assert panel.model_config() == engine.PRESETS["tiny"].model
