@@ -127,7 +127,8 @@ def clean_env(tmp_path, monkeypatch):
     for var in ("FUTHARK", "CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", cc.PORTABLE_VARIABLE,
                 "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CPATH", "C_INCLUDE_PATH"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)  # the suite's (conftest.py): the default's place instead
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(ft, "SYSTEM_INCLUDE_DIRS", [])
     monkeypatch.setattr(ft, "system_cuda_roots", lambda: [])
     ft.device_problem.cache_clear()
