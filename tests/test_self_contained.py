@@ -75,7 +75,7 @@ def test_a_copy_with_nothing_beside_it_runs_the_data_tests_with_no_skips(tmp_pat
                             "print(engine.__file__); print(d.DEFAULT_DATASET_PATH)"],
                            cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert where.stdout.splitlines() == [str(copy / "engine" / "__init__.py"),
-                                         str(copy / "engine" / "datasets" / "names.txt")], where.stderr
+                                         str(copy / "engine" / "data" / "datasets" / "names.txt")], where.stderr
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *DATA_TESTS],
                             cwd=copy, env=env, capture_output=True, text=True, timeout=600)
     summary = result.stdout.strip().splitlines()[-1]
