@@ -1,12 +1,90 @@
 """Model and training configuration, the presets, and their validation.
 
-One definition of each hyperparameter default lives here; everything else
-(the backends, the CLI, the window) reads them from these objects.
+One definition of each hyperparameter default, and of each one's limits, lives
+here; everything else (the backends, the CLI, the window, the checkpoint reader)
+reads them from these objects.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+
+
+# ---- limits ---------------------------------------------------------------------
+# One set of limits for every number that configures a run, by checkpoint member
+# name: ModelConfig and TrainConfig refuse a value outside them, the command line's
+# flags are checked against them as they are parsed, the window's fields have these
+# ranges (its spin boxes hold 32-bit ints), and the checkpoint reader builds the
+# configs, so it refuses what they refuse. Whatever is accepted saves a checkpoint
+# that loads. Why each bound is where it is: docs/reliability.md.
+
+# The most steps a run may ask for: the loss history keeps 4 bytes a step (in
+# memory, in the checkpoint and in the window's plot), 40 MB at this count.
+MAX_NUM_STEPS = 10_000_000
+
+# The most documents one step may train on: a step's activations grow with it
+# (names.txt has 32,033 names; past a few hundred a step only gets slower).
+MAX_BATCH_SIZE = 4096
+
+# Adam divides by 1 - beta^t: a beta must stay below 1 also as a float32 (a
+# kernel's), where 1 - 1e-8 already rounds to 1.
+MAX_BETA = 0.999999
+
+FIELD_LIMITS: dict[str, tuple[int, int] | tuple[float, float]] = {
+    # ints (whole numbers): the model's shape
+    "model.n_embd": (1, 4096), "model.n_layer": (1, 96), "model.n_head": (1, 128),
+    "model.block_size": (2, 4096),
+    # ints: the run
+    "train.num_steps": (1, MAX_NUM_STEPS), "train.seed": (0, 2**31 - 1),
+    "train.warmup_steps": (0, MAX_NUM_STEPS), "train.batch_size": (1, MAX_BATCH_SIZE),
+    "train.holdout": (0, 10_000_000),
+    # floats: with Adam a learning rate of 1 moves every weight by about 1 a step,
+    # and microgpt's init std is 0.08 (1e19 overflowed float32)
+    "train.learning_rate": (1e-6, 1.0), "train.init_std": (1e-4, 1.0),
+    "train.beta1": (0.0, MAX_BETA), "train.beta2": (0.0, MAX_BETA),
+    # Adam's eps: positive, and a normal float32 even divided by the largest step size
+    "train.eps": (1e-30, 1.0),
+}
+
+
+def show_number(value) -> str:
+    """A limit or a value as a message shows it: 10,000,000 and 1e-06."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, float):  # 1e-06 and 10000, but 0.9999999 in full (:g shows it as 1)
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    return repr(value)
+
+
+def limit_problem(key: str, value) -> str | None:
+    """Why value cannot be FIELD_LIMITS[key] ("must be at most 1, got 10"), or None.
+
+    A field whose limits are ints takes only ints (not floats, not bools); the
+    others take any finite int or float."""
+    low, high = FIELD_LIMITS[key]
+    if isinstance(low, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number, got {value!r}"
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        # type first (a string must not reach the comparison), and finite: inf
+        # passes a lower bound but turns every parameter into inf or NaN
+        return f"must be a finite number, got {value!r}"
+    if value < low:
+        return f"must be at least {show_number(low)}, got {show_number(value)}"
+    if value > high:
+        return f"must be at most {show_number(high)}, got {show_number(value)}"
+    return None
+
+
+def check_fields(config, section: str) -> None:
+    """ValueError naming the first field of config outside FIELD_LIMITS[section.*]
+    ("learning_rate must be at most 1, got 10"); None (holdout's default) passes."""
+    for f in fields(config):
+        key, value = f"{section}.{f.name}", getattr(config, f.name)
+        if value is None and "None" in str(f.type):  # holdout: the default share
+            continue
+        if key in FIELD_LIMITS and (problem := limit_problem(key, value)):
+            raise ValueError(f"{f.name} {problem}")
 
 
 @dataclass(frozen=True)
@@ -19,14 +97,7 @@ class ModelConfig:
     block_size: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("n_embd", "n_layer", "n_head", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be at least 2, got {self.block_size}")
+        check_fields(self, "model")
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
@@ -40,16 +111,6 @@ class ModelConfig:
         """Parameter count: wte, wpe, lm_head and 12 C^2 per layer."""
         c = self.n_embd
         return 2 * vocab_size * c + self.block_size * c + self.n_layer * 12 * c * c
-
-
-# The most steps a run may ask for: at the fastest step measured (under 0.1 ms)
-# 10^12 steps would take years, and the count stays far inside int64.
-MAX_NUM_STEPS = 10**12
-
-
-# The most documents one step may train on: a step's activations grow with it
-# (names.txt has 32,033 names; past a few hundred a step only gets slower).
-MAX_BATCH_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -72,36 +133,7 @@ class TrainConfig:
     holdout: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int):
-            raise ValueError(f"num_steps must be an integer, got {self.num_steps!r}")
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be at least 1, got {self.num_steps}")
-        if self.num_steps > MAX_NUM_STEPS:
-            raise ValueError(f"num_steps must be at most 10^12 (years of training at the fastest "
-                             f"step), got {self.num_steps:,}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):
-            raise ValueError(f"warmup_steps must be a whole number of steps, got {self.warmup_steps!r}")
-        if not 0 <= self.warmup_steps <= MAX_NUM_STEPS:
-            raise ValueError(f"warmup_steps must be between 0 and 10^12, got {self.warmup_steps:,}")
-        self._check_batch()
-        checks = {
-            "learning_rate": lambda x: x > 0,
-            "init_std": lambda x: x > 0,
-            "eps": lambda x: x > 0,
-            "beta1": lambda x: 0 <= x < 1,
-            "beta2": lambda x: 0 <= x < 1,
-        }
-        for name, ok in checks.items():
-            value = getattr(self, name)
-            # type first (a string must not reach the comparison), and finite:
-            # inf passes "> 0" but turns every parameter into inf or NaN
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-            if not ok(value):
-                bound = "in [0, 1)" if name.startswith("beta") else "positive"
-                raise ValueError(f"{name} must be {bound}, got {value}")
+        check_fields(self, "train")
 
     def lr_factor(self, step: int) -> float:
         """The schedule, as a fraction of learning_rate at `step` (counted from 0):
@@ -115,40 +147,9 @@ class TrainConfig:
         if self.warmup_steps == 0:  # microgpt's schedule, bit for bit
             return decay
         return min(1.0, (step + 1) / self.warmup_steps) * decay
-    def _check_batch(self) -> None:
-        b, h = self.batch_size, self.holdout
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH_SIZE:
-            raise ValueError(f"batch_size must be a whole number from 1 to {MAX_BATCH_SIZE:,}, got {b!r}")
-        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
-            raise ValueError(f"holdout must be a non-negative whole number (0: none), got {h!r}")
-
     def lr_at(self, step: int) -> float:
         """The learning rate of training step `step`: learning_rate * lr_factor(step)."""
         return self.learning_rate * self.lr_factor(step)
-
-
-# What every front end can hold, by checkpoint field name: the window's fields have
-# these ranges (a Qt spin box holds a 32-bit int: 10^12 steps overflowed it), and a
-# checkpoint outside them is refused when it is read (limits_problem).
-FIELD_LIMITS: dict[str, tuple[float, float]] = {
-    "model.n_embd": (1, 4096), "model.n_layer": (1, 96), "model.n_head": (1, 128),
-    "model.block_size": (2, 4096), "train.num_steps": (1, 10_000_000),
-    "train.learning_rate": (1e-6, 1.0), "train.init_std": (1e-4, 1.0), "train.seed": (0, 2**31 - 1),
-    "train.warmup_steps": (0, 10_000_000), "train.batch_size": (1, MAX_BATCH_SIZE),
-    "train.holdout": (0, 10_000_000),
-}
-
-
-def limits_problem(model: ModelConfig, train: TrainConfig) -> str | None:
-    """The first field outside FIELD_LIMITS, as a sentence; None when all fit."""
-    for key, (low, high) in FIELD_LIMITS.items():
-        section, name = key.split(".")
-        value = getattr(model if section == "model" else train, name)
-        if value is not None and not low <= value <= high:  # holdout None: the default share
-            show = "{:,}" if isinstance(value, int) else "{:g}"
-            return (f"{key} is {show.format(value)}, outside {show.format(low)}..{show.format(high)}, "
-                    "the range microgpt-gui's fields hold")
-    return None
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,11 @@ def _preset(c: int, layers: int, heads: int, block: int, lr: float, std: float, 
                   TrainConfig(learning_rate=lr, init_std=std, warmup_steps=warmup))
 
 
+# Listed in this order everywhere (the window's combo, --preset's help): `learn`,
+# the preset for learning, first; then microgpt and the sizes up from it.
+# `learn` trains 32 names per step for 4000 steps (4 epochs of names.txt's
+# training names); measured on numpy to reach a held-out loss of 2.05 in under
+# 20 s of training (docs/learning.md, "Presets"). Block 16 holds every name of names.txt.
 # `tiny` is microgpt itself with its own hyperparameters. microgpt's lr 0.01 and
 # init_std 0.08 make the wider networks diverge, so those carry smaller values
 # (measured: see docs/learning.md, "Presets"). gpt2-small's first Adam steps at the full
@@ -172,18 +178,19 @@ def _preset(c: int, layers: int, heads: int, block: int, lr: float, std: float, 
 # up, and starts from smaller weights (no final norm: std 0.02 puts the first
 # logits' spread near 1, and the initial losses well above ln(V)).
 PRESETS: dict[str, Preset] = {
+    "learn": Preset(ModelConfig(32, 2, 4, 16), TrainConfig(num_steps=4000, learning_rate=0.01, init_std=0.05,
+                                                          batch_size=32)),
     "tiny": _preset(16, 1, 4, 16, lr=0.01, std=0.08),
     "s32": _preset(32, 2, 4, 32, lr=0.005, std=0.05),
     "s64": _preset(64, 3, 4, 64, lr=0.002, std=0.02),
     "s128": _preset(128, 4, 4, 128, lr=0.001, std=0.02),
     "s256": _preset(256, 6, 8, 256, lr=0.0005, std=0.02),
     "gpt2-small": _preset(768, 12, 12, 1024, lr=0.0002, std=0.005, warmup=20),
-    # for learning: 32 names per step, 4000 steps (4 epochs of names.txt's training
-    # names); measured on numpy to reach a held-out loss of 2.05 in under 20 s of
-    # training (docs/learning.md, "Presets"). Block 16 holds every name of names.txt.
-    "learn": Preset(ModelConfig(32, 2, 4, 16), TrainConfig(num_steps=4000, learning_rate=0.01, init_std=0.05,
-                                                          batch_size=32)),
 }
+
+# The preset selected when nothing else is chosen (the window's first start, demo):
+# microgpt's own.
+DEFAULT_PRESET = "tiny"
 
 
 def get_preset(name: str) -> Preset:

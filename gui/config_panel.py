@@ -92,6 +92,7 @@ class ConfigPanel(QWidget):
         # model
         self.preset_combo = QComboBox(objectName="presetCombo")
         self.preset_combo.addItems(list(engine.PRESETS))
+        self.preset_combo.setCurrentText(engine.config.DEFAULT_PRESET)  # learn is listed first, tiny selected
         self.fields: dict[str, QSpinBox] = {}
         model_box = QGroupBox("Model")
         model_form = QFormLayout(model_box)

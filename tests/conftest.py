@@ -2,20 +2,48 @@
 
 The real dataset is makemore's names.txt as the package ships it
 (engine/data/datasets/names.txt): the suite needs nothing outside the repository.
+Nor does it write outside its own places (pytest_configure below).
 """
 from __future__ import annotations
 
 import random
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from engine import Corpus, ModelConfig, TrainConfig, default_dataset_path
+from engine.data.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pytest_plugins = ["futhark_support", "checkpoint_support"]  # the Futhark and checkpoint tests' fixtures
+
+SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # gui.main_window's (not imported here: engine tests need no Qt)
+CACHE_FOLDER = "microgpt-gui-cache"  # under pytest's cache folder: .pytest_cache/d/
+
+
+def pytest_configure(config):
+    """The suite's own places instead of the user's, set before any test runs and
+    inherited by the processes tests start: the build cache (compiled Futhark
+    backends) in pytest's cache folder, kept between runs so that the builds are
+    not redone every run (`pytest --cache-clear` empties it); autosaves and the
+    window's settings in a temporary folder removed at the end (tests/gui gives
+    each test its own settings file as well)."""
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        builds = cache.mkdir(CACHE_FOLDER)
+    else:  # -p no:cacheprovider: nowhere to keep them, build in the temporary folder
+        builds = None
+    scratch = Path(tempfile.mkdtemp(prefix="microgpt-gui-tests-"))
+    config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    environment = pytest.MonkeyPatch()
+    config.add_cleanup(environment.undo)
+    environment.setenv(CACHE_DIR_ENV, str(builds or scratch / "cache"))
+    environment.setenv(DATA_DIR_ENV, str(scratch / "data"))
+    environment.setenv(SETTINGS_ENV, str(scratch / "settings.ini"))
 
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.data.corpus import CACHE_DIR_ENV
 from engine.futhark import build as fbuild
 from engine.futhark import cc, generated
 from engine.futhark import tools as ft
@@ -126,6 +127,7 @@ def clean_env(tmp_path, monkeypatch):
     for var in ("FUTHARK", "CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", cc.PORTABLE_VARIABLE,
                 "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CPATH", "C_INCLUDE_PATH"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)  # the suite's (conftest.py): the default's place instead
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(ft, "SYSTEM_INCLUDE_DIRS", [])
     monkeypatch.setattr(ft, "system_cuda_roots", lambda: [])
@@ -144,7 +146,8 @@ def with_clang(clean_env):
 def futhark_cpu_builds(tmp_path_factory) -> dict:
     """The futhark-c and futhark-multicore libraries, built once per session from the
     shipped C (kernels/generated/) with no Futhark compiler to be found; later
-    sessions find them in the per-user cache. Skips where there is no C compiler."""
+    sessions find them in the suite's build cache (conftest.py: pytest's cache
+    folder, not the user's). Skips where there is no C compiler."""
     if cc.find_c_compiler() is None:
         pytest.skip(cc.NO_C_COMPILER)
     with pytest.MonkeyPatch.context() as monkeypatch:

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from engine import PRESETS, Corpus, ModelConfig, TrainConfig, TrainingDiverged, list_backends, open_backend
+from engine import (PRESETS, Corpus, ModelConfig, TrainConfig, TrainingDiverged, TrainState, list_backends,
+                    open_backend)
 
 
 def open_numpy(model, train, corpus):
@@ -309,13 +310,22 @@ def test_divergence_on_the_first_step_of_a_chunk(small_corpus, small_model, shor
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_nan_gradient_with_finite_loss_keeps_finite_parameters(small_corpus, small_model):
-    """An absurd learning rate: the loss stays finite for a step while the backward
-    pass overflows; training must stop before Adam writes NaN into the parameters."""
-    b = open_numpy(small_model, TrainConfig(num_steps=50, learning_rate=1e30), small_corpus)
+    """Weights of about 1e30 (what a learning rate of 1e30 made of them in one step,
+    before engine.config limited the rate to 1): rmsnorm overflows, the logits are
+    uniform and the loss finite while the backward pass overflows; training must
+    stop before Adam writes NaN into the parameters."""
+    b = open_numpy(small_model, TrainConfig(num_steps=50), small_corpus)
+    b.train(3)
+    state = b.get_state()
+    huge = TrainState(state.params * np.float32(1e30), state.m, state.v, state.step)
+    b.set_state(huge, losses=b.loss_history)
+    # uniform logits: the loss of any document is ln(V), finite
+    assert b.heldout_loss() == pytest.approx(math.log(small_corpus.vocab_size), rel=1e-4)
     with pytest.raises(TrainingDiverged) as info:
         b.train(50)
-    state = b.get_state()
-    assert b.step == info.value.step < 50
-    assert np.all(np.isfinite(state.params)), "the parameters kept are usable"
-    assert np.all(np.isfinite(state.m)) and np.all(np.isfinite(state.v))
+    kept = b.get_state()
+    assert b.step == info.value.step == 3
+    assert np.all(np.isfinite(kept.params)), "the parameters kept are usable"
+    for name in ("params", "m", "v"):  # no update applied
+        assert np.array_equal(getattr(kept, name), getattr(huge, name)), name
     assert np.all(np.isfinite(b.loss_history)) and len(b.loss_history) == b.step

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine import PRESETS, BackendError, Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backend
+from engine.config import MAX_NUM_STEPS
 
 
 def test_a_model_larger_than_free_memory_is_refused_before_allocating(monkeypatch, small_corpus):
@@ -28,20 +29,25 @@ def test_a_model_larger_than_free_memory_is_refused_before_allocating(monkeypatc
     assert allocated == []  # refused before the parameters were made
 
 
-def test_absurd_layer_counts_are_refused_before_building_the_layout(monkeypatch, small_corpus):
-    """n_layer 10^8: 6 x 10^8 parameter matrices; listing them alone used to raise MemoryError."""
+def test_the_largest_model_is_refused_before_building_the_layout(monkeypatch, small_corpus):
+    """n_layer 10^8 (6 x 10^8 parameter matrices, whose listing alone raised MemoryError)
+    is past engine.config's limits now; the largest model within them, 77 GB of
+    parameters, is still refused by the memory check before anything is built."""
     from engine.backends import base
+    from engine.config import FIELD_LIMITS
 
     def no_layout(*args):
         raise AssertionError("the parameter layout was built")
 
     monkeypatch.setattr(base, "param_specs", no_layout)
-    model = ModelConfig(n_embd=16, n_layer=10**8, n_head=4, block_size=16)
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 16 << 30)
+    largest = {name: FIELD_LIMITS["model." + name][1] for name in ("n_embd", "n_layer", "block_size")}
+    model = ModelConfig(n_head=4, **largest)
     with pytest.raises(BackendError) as info:
         open_backend("numpy", model, TrainConfig(num_steps=2), small_corpus)
     message = str(info.value)
-    assert "3.1e11 parameters" in message and "100,000,000 layers" in message
-    assert "TiB" in message and "available" in message
+    assert "1.9e10 parameters" in message and "96 layers" in message
+    assert "GiB" in message and "but 16.0 GiB is available" in message
 
 
 def test_every_buffer_is_counted(monkeypatch, small_corpus):
@@ -50,7 +56,7 @@ def test_every_buffer_is_counted(monkeypatch, small_corpus):
     activations and sampling, so memory for five buffers is no longer enough."""
     from engine.backends import base
 
-    model = ModelConfig(n_embd=8192, n_layer=1, n_head=8, block_size=16)
+    model = ModelConfig(n_embd=4096, n_layer=1, n_head=8, block_size=16)
     n = model.num_params(small_corpus.vocab_size)
     monkeypatch.setattr(base, "available_memory_bytes", lambda: 5 * n * 4 + (1 << 20))
     monkeypatch.setattr(base, "init_params", lambda *a, **k: pytest.fail("allocated"))
@@ -85,10 +91,11 @@ def _traced_peak(action) -> int:
 
 
 def test_the_loss_history_grows_with_the_steps_not_num_steps(small_corpus, small_model):
-    """num_steps 10^10 used to allocate a 37 GiB loss history when the backend opened."""
+    """num_steps 10^10 used to allocate a 37 GiB loss history when the backend opened
+    (10^7, the most now, would be 40 MB)."""
     opened = []
     peak = _traced_peak(lambda: opened.append(
-        open_backend("numpy", small_model, TrainConfig(num_steps=10**10), small_corpus)))
+        open_backend("numpy", small_model, TrainConfig(num_steps=MAX_NUM_STEPS), small_corpus)))
     assert peak < 16 * 2**20
     b = opened[0]
     losses = [b.train(5)]
@@ -102,10 +109,10 @@ def test_a_train_call_too_large_for_memory_is_refused_before_it_runs(small_corpu
                                                                       monkeypatch):
     from engine.backends import base
 
-    b = open_backend("numpy", small_model, TrainConfig(num_steps=10**10), small_corpus)
-    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1 << 30)
-    with pytest.raises(BackendError, match=r"training 1,000,000,000 steps in one call .* 1\.0 GiB is available"):
-        b.train(10**9)  # 4 GB of losses to return
+    b = open_backend("numpy", small_model, TrainConfig(num_steps=MAX_NUM_STEPS), small_corpus)
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(BackendError, match=r"training 10,000,000 steps in one call .* 1\.0 MiB is available"):
+        b.train(MAX_NUM_STEPS)  # 40 MB of losses to return, 80 MB of history
     assert b.step == 0
     assert len(b.train(1000)) == 1000  # small calls are not even checked
 
@@ -241,7 +248,7 @@ from engine.memory import available_memory_bytes
 resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 assert available_memory_bytes() < 6 << 30, available_memory_bytes()
 try:
-    open_backend("numpy", ModelConfig(n_embd=8192, n_layer=1, n_head=4, block_size=16),
+    open_backend("numpy", ModelConfig(n_embd=4096, n_layer=8, n_head=4, block_size=16),
                  TrainConfig(num_steps=2), Corpus.from_lines(["anna", "bob"]))
 except BackendError as exc:
     print(exc)

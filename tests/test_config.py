@@ -37,10 +37,13 @@ def assert_refused_naming(config_class, kwargs: dict, words: list[str]) -> None:
     (dict(n_head=0), ["n_head", "at least 1"]),
     (dict(block_size=1), ["block_size", "at least 2"]),
     (dict(block_size=0), ["block_size"]),
-    (dict(n_embd=16.0), ["n_embd", "integer"]),
-    (dict(n_layer="2"), ["n_layer", "integer"]),
-    (dict(n_head=True), ["n_head", "integer"]),
-    (dict(block_size=None), ["block_size", "integer"]),
+    (dict(n_embd=16.0), ["n_embd", "whole number"]),
+    (dict(n_layer="2"), ["n_layer", "whole number"]),
+    (dict(n_head=True), ["n_head", "whole number"]),
+    (dict(block_size=None), ["block_size", "whole number"]),
+    (dict(block_size=10**12), ["block_size must be at most 4,096, got 1,000,000,000,000"]),
+    (dict(n_embd=8192, n_head=8), ["n_embd must be at most 4,096, got 8,192"]),
+    (dict(n_layer=10**8), ["n_layer must be at most 96, got 100,000,000"]),
 ])
 def test_invalid_model_config_raises_value_error_naming_the_field(kwargs, words):
     assert_refused_naming(ModelConfig, kwargs, words)
@@ -49,25 +52,33 @@ def test_invalid_model_config_raises_value_error_naming_the_field(kwargs, words)
 @pytest.mark.parametrize("kwargs, words", [
     (dict(num_steps=0), ["num_steps", "at least 1"]),
     (dict(num_steps=-5), ["num_steps"]),
-    (dict(num_steps=10.0), ["num_steps", "integer"]),
-    (dict(num_steps=True), ["num_steps", "integer"]),
-    (dict(learning_rate=0.0), ["learning_rate", "positive"]),
-    (dict(learning_rate=-1e-3), ["learning_rate", "positive"]),
-    (dict(learning_rate=float("nan")), ["learning_rate"]),
-    (dict(learning_rate="0.01"), ["learning_rate", "number"]),
-    (dict(init_std=0.0), ["init_std", "positive"]),
-    (dict(eps=0.0), ["eps", "positive"]),
-    (dict(beta1=1.0), ["beta1", "[0, 1)"]),
-    (dict(beta1=-0.1), ["beta1", "[0, 1)"]),
-    (dict(beta2=1.5), ["beta2", "[0, 1)"]),
-    (dict(beta2=float("nan")), ["beta2"]),
-    (dict(seed=-1), ["seed"]),
-    (dict(seed=1.5), ["seed"]),
-    (dict(warmup_steps=-1), ["warmup_steps", "between 0 and 10^12", "-1"]),
+    (dict(num_steps=10.0), ["num_steps", "whole number"]),
+    (dict(num_steps=True), ["num_steps", "whole number"]),
+    (dict(num_steps=10**10), ["num_steps must be at most 10,000,000, got 10,000,000,000"]),
+    (dict(learning_rate=0.0), ["learning_rate must be at least 1e-06, got 0"]),
+    (dict(learning_rate=-1e-3), ["learning_rate", "at least"]),
+    (dict(learning_rate=float("nan")), ["learning_rate", "finite number", "nan"]),
+    (dict(learning_rate="0.01"), ["learning_rate", "number", "'0.01'"]),
+    (dict(learning_rate=10), ["learning_rate must be at most 1, got 10"]),  # issue 27: saved, then not loaded
+    (dict(learning_rate=1e4), ["learning_rate must be at most 1, got 10000"]),
+    (dict(init_std=0.0), ["init_std", "at least 0.0001"]),
+    (dict(init_std=1e19), ["init_std must be at most 1, got 1e+19"]),  # issue 27: an overflow warning
+    (dict(eps=0.0), ["eps", "at least 1e-30"]),
+    (dict(beta1=1.0), ["beta1 must be at most 0.999999, got 1"]),
+    (dict(beta1=-0.1), ["beta1 must be at least 0, got -0.1"]),
+    (dict(beta2=1.5), ["beta2", "at most 0.999999"]),
+    (dict(beta2=float("nan")), ["beta2", "finite"]),
+    (dict(seed=-1), ["seed must be at least 0, got -1"]),
+    (dict(seed=1.5), ["seed", "whole number"]),
+    (dict(seed=2**31), ["seed must be at most 2,147,483,647, got 2,147,483,648"]),
+    (dict(warmup_steps=-1), ["warmup_steps must be at least 0, got -1"]),
     (dict(warmup_steps=2.5), ["warmup_steps", "whole number", "2.5"]),
     (dict(warmup_steps=True), ["warmup_steps", "whole number"]),
     (dict(warmup_steps="10"), ["warmup_steps", "whole number", "'10'"]),
-    (dict(warmup_steps=10**12 + 1), ["warmup_steps", "between 0 and 10^12", "1,000,000,000,001"]),
+    (dict(warmup_steps=10**12 + 1), ["warmup_steps must be at most 10,000,000, got 1,000,000,000,001"]),
+    (dict(batch_size=4097), ["batch_size must be at most 4,096, got 4,097"]),
+    (dict(holdout=-1), ["holdout must be at least 0, got -1"]),
+    (dict(holdout=10**7 + 1), ["holdout must be at most 10,000,000"]),
 ])
 def test_invalid_train_config_raises_value_error_naming_the_field(kwargs, words):
     assert_refused_naming(TrainConfig, kwargs, words)
@@ -77,7 +88,7 @@ def test_num_steps_is_capped():
     from engine.config import MAX_NUM_STEPS
 
     assert TrainConfig(num_steps=MAX_NUM_STEPS).num_steps == MAX_NUM_STEPS
-    with pytest.raises(ValueError, match=r"num_steps must be at most 10\^12") as info:
+    with pytest.raises(ValueError, match=r"num_steps must be at most 10,000,000") as info:
         TrainConfig(num_steps=MAX_NUM_STEPS + 1)
     assert f"{MAX_NUM_STEPS + 1:,}" in str(info.value)
 
@@ -132,6 +143,14 @@ PRESET_SHAPES = {  # name: (n_embd, n_layer, n_head, block_size), from issue 2
     "gpt2-small": (768, 12, 12, 1024),
     "learn": (32, 2, 4, 16),  # issue 18: the preset for learning, 32 names per step
 }
+
+
+def test_learn_is_listed_first_and_tiny_stays_the_default():
+    """learn, the preset for learning, was last in every list (issue 27)."""
+    from engine.config import DEFAULT_PRESET
+
+    assert list(PRESETS) == ["learn", "tiny", "s32", "s64", "s128", "s256", "gpt2-small"]
+    assert DEFAULT_PRESET == "tiny"
 
 
 def test_presets_are_exactly_the_issues_list():

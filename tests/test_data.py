@@ -143,6 +143,92 @@ def test_a_file_that_reports_no_size_is_read_with_a_bound(monkeypatch):
     assert len(data.read_dataset_bytes("/proc/self/status", limit=1 << 20)) > 100
 
 
+class ChangedMidRead:
+    """A dataset file that another program changes while it is being read: the
+    first `head` bytes are read, then `change(path)` runs on the real file, then
+    the read goes on to its end (the file object is the real one, so the reader's
+    fstat sees the real sizes and times)."""
+
+    def __init__(self, path: Path, head: int, change):
+        self.path, self.head, self.change = path, head, change
+        self.file = open(path, "rb", buffering=0)  # no read-ahead past head
+
+    def read(self, n: int = -1) -> bytes:
+        first = self.file.read(self.head)
+        self.change(self.path)
+        return first + self.file.read(-1 if n < 0 else n - len(first))
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def half_a_dataset(tmp_path) -> tuple[Path, int]:
+    path = tmp_path / "names.txt"
+    path.write_bytes(b"anna\nbob\n" * 6000)  # 54,000 bytes, 12,000 names
+    return path, path.stat().st_size // 2
+
+
+def read_while(monkeypatch, path, head, change) -> str:
+    """The DatasetError's message when `change` happens `head` bytes into the read."""
+    monkeypatch.setattr(data, "open_regular_file",
+                        lambda p: (ChangedMidRead(Path(p), head, change), os.stat(p).st_size))
+    with pytest.raises(DatasetError) as info:
+        Corpus.from_file(path)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("to", [0, 27_000, 40_000])
+def test_a_dataset_truncated_while_it_is_read_is_refused(tmp_path, monkeypatch, to):
+    """A 57 MiB file truncated to 0 or to half while it was read loaded the part read
+    (2,727 and 3,001 documents of 6,000), silently (issue 27)."""
+    path, half = half_a_dataset(tmp_path)
+    message = read_while(monkeypatch, path, half, lambda p: os.truncate(p, to))
+    assert message == (f"{path} changed while it was being read: it had 54,000 bytes when opened, "
+                       f"{max(half, to):,} were read, and it has {to:,} now. Another program is writing "
+                       "it; open it again once that has finished")
+
+
+def test_a_dataset_that_grows_while_it_is_read_is_refused(tmp_path, monkeypatch):
+    path, half = half_a_dataset(tmp_path)
+
+    def append(p):
+        with open(p, "ab") as f:
+            f.write(b"carla\n" * 10)
+
+    message = read_while(monkeypatch, path, half, append)
+    assert "changed while it was being read: it had 54,000 bytes when opened, 54,060 were read" in message
+
+
+def test_a_dataset_rewritten_in_place_while_it_is_read_is_refused(tmp_path, monkeypatch):
+    """Same size, other bytes: the modification time tells (set here a second on, so
+    that the test does not depend on the file system's clock resolution)."""
+    path, half = half_a_dataset(tmp_path)
+
+    def rewrite(p):
+        stat = os.stat(p)
+        with open(p, "r+b") as f:
+            f.write(b"emma\nava\n" * 6000)
+        os.utime(p, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+    message = read_while(monkeypatch, path, half, rewrite)
+    assert "changed while it was being read: it had 54,000 bytes when opened, 54,000 were read, and it " \
+           "has 54,000 now" in message
+
+
+def test_a_dataset_left_alone_while_it_is_read_loads(tmp_path, monkeypatch):
+    """The hook itself changes nothing when the change does nothing."""
+    path, half = half_a_dataset(tmp_path)
+    monkeypatch.setattr(data, "open_regular_file",
+                        lambda p: (ChangedMidRead(Path(p), half, lambda _: None), os.stat(p).st_size))
+    assert len(Corpus.from_file(path)) == 12_000
+
+
 def test_a_utf8_byte_order_mark_is_not_a_character(tmp_path):
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufeffzoë\nanna\n".encode("utf-8"))

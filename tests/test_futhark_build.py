@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from engine import BackendError, Corpus, ModelConfig, TrainConfig, open_backend
+from engine.data.corpus import CACHE_DIR_ENV
 from engine import futhark
 from engine.futhark import build as fb
 from engine.futhark import cc
@@ -240,7 +241,7 @@ def test_file_lock_excludes_another_process(tmp_path):
 def test_an_unwritable_cache_is_a_backend_error(with_clang, clean_env, monkeypatch):
     blocker = clean_env / "not-a-folder"
     blocker.write_text("a file where the cache folder would go")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(blocker))
     with pytest.raises(BackendError, match="cannot build in the Futhark cache"):
         fb.build("c")
 
@@ -286,7 +287,7 @@ def test_two_processes_building_at_once_build_once(tmp_path, monkeypatch):
     compiler = cc.find_c_compiler()
     if compiler is None:
         pytest.skip(cc.NO_C_COMPILER)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, CACHE_DIR_ENV: str(tmp_path / "cache")}
     gcc = cc.find_c_compiler({"PATH": os.environ.get("PATH", ""), "CC": "gcc"})
     through_cc = gcc is not None and "CC" not in os.environ
     if through_cc:
@@ -301,6 +302,7 @@ def test_two_processes_building_at_once_build_once(tmp_path, monkeypatch):
     assert results[0]["libdir"] == results[1]["libdir"]
     assert max(r["start"] for r in results) < min(r["end"] for r in results)  # they overlapped
     libdir = Path(results[0]["libdir"])
+    assert libdir.parent == tmp_path / "cache" / "futhark"  # $MICROGPT_GUI_CACHE_DIR/futhark
     assert fb.is_complete(libdir)
     log = fb.log_path(libdir).read_text()
     assert log.count("microgpt-gui: building") == 1  # one compile, one waiter
@@ -316,7 +318,7 @@ def test_two_processes_building_at_once_build_once(tmp_path, monkeypatch):
 @requires_real_futhark
 def test_edited_kernel_sources_are_compiled_with_futhark(real_compiler, small_corpus, tmp_path, monkeypatch):
     """An edit to kernels/*.fut: the Futhark compiler found compiles the edited sources
-    (into the per-user cache, keyed by them), and the backend runs on that library."""
+    (into the build cache, keyed by them), and the backend runs on that library."""
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)
     plan = fb.plan("c", kernels)

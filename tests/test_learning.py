@@ -64,6 +64,16 @@ def test_step_tokens_follow_microgpt(names_corpus):
         assert inputs.tolist() == want_inputs.tolist() and targets.tolist() == want_targets.tolist()
 
 
+def test_a_block_beyond_every_document_truncates_nothing():
+    """block_size 10^12 (ModelConfig refuses it now) raised a raw OverflowError here:
+    Python integer out of bounds for int32."""
+    whole = DataSplit(corpus(), holdout=0, block_size=max(len(d) for d in DOCS) + 1)
+    for block in (10**12, 2**31, 4096):
+        split = DataSplit(corpus(), holdout=0, block_size=block)
+        assert split.positions.dtype == np.int32
+        assert split.positions.tolist() == whole.positions.tolist() == [len(d) + 1 for d in DOCS]
+
+
 def test_long_documents_train_on_their_first_block_size_tokens():
     corpus = Corpus(["ab", "abcdefg", "abcdefgh", "abcdefghijkl"], shuffled=True)  # keep this order
     split = DataSplit(corpus, holdout=0, block_size=8)

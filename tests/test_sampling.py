@@ -190,13 +190,16 @@ def test_a_million_names_are_refused_before_any_work(trained, monkeypatch):
 
 
 def test_memory_bytes_bounds_the_caches_and_logits():
-    tiny, big_block = ModelConfig(16, 1, 4, 16), ModelConfig(64, 2, 4, 100_000)
+    # the largest block engine.config allows, with a name's keys and values (1 GiB)
+    # over sampling's CACHE_LIMIT
+    tiny, big_block = ModelConfig(16, 1, 4, 16), ModelConfig(4096, 8, 4, 4096)
     rows = sampling.batch_rows(27)
     assert rows == sampling.MAX_BATCH_ROWS
     small = sampling.memory_bytes(tiny, 27)
     assert small < 2 * sampling.CHUNK_BYTES  # small models hold little
-    # one name of 100,000 positions cannot be split: its whole cache is counted
-    one_name = KVCache.bytes_per_token(big_block) * 100_000
+    # one name of 4,096 positions cannot be split: its whole cache is counted
+    one_name = KVCache.bytes_per_token(big_block) * 4096
+    assert one_name > sampling.CACHE_LIMIT
     assert sampling.memory_bytes(big_block, 27) >= 2 * one_name
     # a large vocabulary draws fewer rows at once
     assert sampling.batch_rows(10_001) * 10_001 * sampling.DRAW_BYTES_PER_LOGIT <= sampling.DRAW_BYTES

@@ -1,5 +1,6 @@
-"""The suite itself: a copy of the repository in a folder with nothing beside it
-(no shared/ with a names.txt, no $MICROGPT_NAMES) runs its data tests with no
+"""The suite itself: it writes only into its own places, never the user's
+folders; and a copy of the repository in a folder with nothing beside it (no
+shared/ with a names.txt, no $MICROGPT_NAMES) runs its data tests with no
 skips, reading the names.txt the package ships."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,43 @@ def alone() -> dict[str, str]:
     """The environment of a new user: no dataset named, nothing to import from elsewhere
     (HOME stays: the packages may be installed in the user's site folder)."""
     return {k: v for k, v in os.environ.items() if k not in ("MICROGPT_NAMES", "PYTHONPATH")}
+
+
+def test_the_suite_builds_and_saves_in_its_own_places(request):
+    """The suite wrote its Futhark builds into the user's cache (~/.cache/microgpt-gui/
+    futhark, issue 27): conftest.py points the build cache at pytest's cache folder
+    (kept between runs: the builds are not redone), and the data folder (autosaves)
+    and the window's settings at a temporary folder."""
+    from engine.data.corpus import CACHE_DIR_ENV, DATA_DIR_ENV, user_cache_dir, user_data_dir
+    from engine.futhark.build import cache_root
+    from engine.training.autosave import autosave_dir
+
+    cache = request.config.cache
+    if cache is not None:
+        assert cache_root() == cache.mkdir("microgpt-gui-cache") / "futhark"
+    temporary = Path(tempfile.gettempdir())
+    assert temporary in autosave_dir().parents and temporary in Path(os.environ["MICROGPT_GUI_SETTINGS"]).parents
+    assert user_cache_dir() == Path(os.environ[CACHE_DIR_ENV]) and user_data_dir() == Path(os.environ[DATA_DIR_ENV])
+    users = [Path.home() / ".cache", Path.home() / ".local" / "share", Path.home() / "Library"]
+    for place in (cache_root(), autosave_dir()):
+        assert not any(folder == place or folder in place.parents for folder in users), place
+
+
+def test_the_cache_and_data_folders_follow_their_variables(monkeypatch, tmp_path):
+    from engine.data.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
+    from engine.futhark.build import cache_root
+    from engine.training.autosave import autosave_dir
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "c"))
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "d"))
+    assert (cache_root(), autosave_dir()) == (tmp_path / "c" / "futhark", tmp_path / "d" / "autosaves")
+    if sys.platform.startswith("linux"):  # unset or empty: the XDG folders, as before
+        monkeypatch.setenv(CACHE_DIR_ENV, "")
+        monkeypatch.delenv(DATA_DIR_ENV)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xc"))
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xd"))
+        assert cache_root() == tmp_path / "xc" / "microgpt-gui" / "futhark"
+        assert autosave_dir() == tmp_path / "xd" / "microgpt-gui" / "autosaves"
 
 
 @pytest.mark.slow

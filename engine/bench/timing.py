@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..backends import open_backend
-from ..config import get_preset
+from ..config import MAX_NUM_STEPS, get_preset
 from ..data.corpus import Corpus
 
 TORCH = "torch"
@@ -167,8 +167,9 @@ def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Bud
     """Time one configuration in this process (see the module's docstring)."""
     cores, load_before = os.cpu_count() or 1, load_average()
     # num_steps only sets the learning-rate decay (and the loss history's length):
-    # far enough for the steps the budget may run even at 50,000 steps/s
-    horizon = 100_000 + budget.steps + (budget.warmup or 0) + int(budget.seconds * 50_000)
+    # far enough for the steps the budget may run even at 50,000 steps/s, within
+    # the limit a run may ask for (a longer budget stops timing there)
+    horizon = min(MAX_NUM_STEPS, 100_000 + budget.steps + (budget.warmup or 0) + int(budget.seconds * 50_000))
     preset = with_batch(get_preset(preset_name).with_steps(horizon), batch)
     runner = _open(backend, preset, corpus)
     try:

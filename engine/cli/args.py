@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..bench import to_loss as bench_loss
 from ..bench import timing as bench_timing
-from ..config import MAX_BATCH_SIZE, MAX_NUM_STEPS, PRESETS, get_preset
+from ..config import DEFAULT_PRESET, FIELD_LIMITS, PRESETS, get_preset, limit_problem
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
@@ -66,14 +66,6 @@ def non_negative_int(text: str) -> int:
     return whole_number(text, 0)
 
 
-def step_count(text: str) -> int:
-    """A non-negative number of steps, at most TrainConfig's cap."""
-    value = whole_number(text, 0)
-    if value > MAX_NUM_STEPS:
-        raise argparse.ArgumentTypeError(f"must be at most 10^12, got {value:,}")
-    return value
-
-
 def number(text: str, positive: bool) -> float:
     try:
         value = float(text)
@@ -100,11 +92,26 @@ def name_list(text: str) -> list[str]:
     return names
 
 
-def batch_size(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_BATCH_SIZE:,}, got {value:,}")
-    return value
+def setting(key: str):
+    """The argument type of a flag that sets engine.config.FIELD_LIMITS[key]: the
+    engine's limits, checked as the flag is parsed ("--lr must be at most 1, got 10")."""
+    whole = isinstance(FIELD_LIMITS[key][0], int)
+
+    def parse(text: str):
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be a {'whole number' if whole else 'number'}, got {text!r}") from None
+        if problem := limit_problem(key, value):
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = key.partition(".")[2]  # argparse names the type in some messages
+    return parse
+
+
+batch_size = setting("train.batch_size")
 
 
 def batch_list(text: str) -> list[int]:
@@ -121,6 +128,14 @@ def preset_name(text: str) -> str:
 
 def preset_list(text: str) -> list[str]:
     return [preset_name(name) for name in name_list(text)]
+
+
+def preset_steps() -> str:
+    """Each preset's steps, grouped: "learn: 4,000; tiny, s32, ...: 1,000"."""
+    groups: dict[int, list[str]] = {}
+    for name, preset in PRESETS.items():
+        groups.setdefault(preset.train.num_steps, []).append(name)
+    return "; ".join(f"{', '.join(names)}: {steps:,}" for steps, names in groups.items())
 
 
 # the window's options --------------------------------------------------------
@@ -145,7 +160,7 @@ def window_parser() -> OneLineParser:
                         "(default: the last one used, else makemore's names.txt, shipped with microgpt-gui)")
     parser.add_argument("--preset", type=preset_name, help=f"model preset to select at start ({', '.join(PRESETS)})")
     parser.add_argument("--backend", help="backend to select at start (default: the last one used)")
-    parser.add_argument("--autorun-steps", type=positive_int, metavar="N",
+    parser.add_argument("--autorun-steps", type=setting("train.num_steps"), metavar="N",
                         help="start training N steps as soon as the dataset is ready (automation, demos)")
     parser.add_argument("--quit-when-done", action="store_true",
                         help="with --autorun-steps: quit when the run ends (exit status 1 on an error)")
@@ -159,8 +174,10 @@ def build_parser() -> OneLineParser:
 
     demo = commands.add_parser("demo", help="train, then print samples (no window)")
     demo.add_argument("--backend", default="numpy", help="engine backend (default numpy)")
-    demo.add_argument("--preset", type=preset_name, default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
-    demo.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
+    demo.add_argument("--preset", type=preset_name, default=DEFAULT_PRESET,
+                      help=f"model size: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
+    demo.add_argument("--steps", type=setting("train.num_steps"),
+                      help=f"training steps (default: the preset's; {preset_steps()})")
     demo.add_argument("--samples", type=positive_int, default=10, help="names to sample (default 10)")
     demo.add_argument("--temperature", type=positive_float, default=0.5, help="sampling temperature (default 0.5)")
     demo.add_argument("--prefix", default="", help="sampled names start with this text (default: none)")
@@ -168,14 +185,14 @@ def build_parser() -> OneLineParser:
                       help="sampled names stop at N characters, prefix included (default: the longest "
                            "document plus 5, at most the preset's block_size)")
     demo.add_argument("--data", type=Path, help="text file, one document per line (default: makemore's names.txt)")
-    demo.add_argument("--seed", type=non_negative_int, help="seed for initialisation and sampling (default: the preset's, 42)")
-    demo.add_argument("--lr", type=positive_float, help="learning rate (default: the preset's)")
-    demo.add_argument("--init-std", type=positive_float, help="initial weight std (default: the preset's)")
-    demo.add_argument("--warmup-steps", type=step_count, metavar="N",
+    demo.add_argument("--seed", type=setting("train.seed"), help="seed for initialisation and sampling (default: the preset's, 42)")
+    demo.add_argument("--lr", type=setting("train.learning_rate"), help="learning rate (default: the preset's)")
+    demo.add_argument("--init-std", type=setting("train.init_std"), help="initial weight std (default: the preset's)")
+    demo.add_argument("--warmup-steps", type=setting("train.warmup_steps"), metavar="N",
                       help="raise the learning rate linearly over the first N steps "
                            "(default: the preset's, 0 but for gpt2-small)")
     demo.add_argument("--batch", type=batch_size, help="documents per step (default: the preset's; tiny: 1)")
-    demo.add_argument("--holdout", type=non_negative_int, help="documents held out for the held-out loss "
+    demo.add_argument("--holdout", type=setting("train.holdout"), help="documents held out for the held-out loss "
                       "(default: min(1000, 10%% of the documents); 0: none)")
 
     default = bench_timing.Budget()
@@ -209,7 +226,7 @@ def build_parser() -> OneLineParser:
     bench_cmd.add_argument("--time-limit", type=positive_float,
                            metavar="S", help="with --to-loss: stop after S seconds of training "
                                              f"(default {bench_loss.DEFAULT_TIME_LIMIT_S:g})")
-    bench_cmd.add_argument("--run-steps", type=positive_int, metavar="N",
+    bench_cmd.add_argument("--run-steps", type=setting("train.num_steps"), metavar="N",
                            help="with --to-loss: the run's steps, over which the learning rate decays "
                                 "(default: the preset's)")
     return parser

@@ -31,7 +31,9 @@ def demo_configs(args):
     """The preset's model and training configs with the flags applied; every value is
     checked here, before the dataset is read or anything trains."""
     try:
-        preset = get_preset(args.preset).with_steps(args.steps)
+        preset = get_preset(args.preset)  # --steps or the preset's own (learn: 4,000)
+        if args.steps is not None:
+            preset = preset.with_steps(args.steps)
         overrides = {k: v for k, v in (("learning_rate", args.lr), ("init_std", args.init_std),
                                        ("seed", args.seed), ("warmup_steps", args.warmup_steps),
                                        ("batch_size", args.batch), ("holdout", args.holdout))

@@ -174,11 +174,12 @@ def run_demo(args) -> int:
         print(f"batch: {train.batch_size} {docs} per step; held out: {backend.holdout:,} documents, "
               f"training on {backend.split.n_train:,}")
         print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
-        report_every = max(1, args.steps // 10)
+        steps = train.num_steps
+        report_every = max(1, steps // 10)
         warned = False
         schedule = HoldoutSchedule()  # its train_seconds: the ms/step figure's time
         while not backend.finished:
-            mark = min(args.steps, (backend.step // report_every + 1) * report_every)
+            mark = min(steps, (backend.step // report_every + 1) * report_every)
             # bounded calls: one call's losses come back as one array
             start = time.perf_counter()
             losses = backend.train(min(mark - backend.step, MAX_STEPS_PER_CALL))
@@ -186,7 +187,7 @@ def run_demo(args) -> int:
             if backend.step < mark:
                 continue
             heldout = evaluate_if_due(backend, schedule, backend.finished)
-            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}"
+            print(f"step {backend.step:{len(str(steps))}d} / {steps} | loss {losses[-1]:.4f}"
                   + (f" | held-out {heldout:.4f}" if heldout is not None else "")
                   + f" | epoch {backend.epochs:.2f}", flush=True)
             if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
@@ -195,7 +196,7 @@ def run_demo(args) -> int:
         history, elapsed = backend.loss_history, schedule.train_seconds
         tail = history[-min(50, len(history)):]
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
-              f"{1e3 * elapsed / args.steps:.3f} ms/step, {backend.names_seen / elapsed:,.0f} names/s)")
+              f"{1e3 * elapsed / steps:.3f} ms/step, {backend.names_seen / elapsed:,.0f} names/s)")
         print(final_heldout_line(backend, schedule))
         print("--- samples ---")
         names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix,

@@ -186,7 +186,8 @@ def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
 
     Opened without blocking and checked before reading (engine.data.files); the read
     itself stops after limit + 1 bytes, so a file that grows, or reports no
-    size, is refused rather than read whole.
+    size, is refused rather than read whole. A file that changes while it is read
+    (truncated, grown or rewritten by another program) is refused, not loaded in part.
     """
     limit = MAX_DATASET_BYTES if limit is None else limit
     too_large = (f"{path} is larger than {format_bytes(limit)}, the most microgpt-gui reads as a "
@@ -196,7 +197,9 @@ def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
         with f:
             if size > limit:
                 raise DatasetError(f"{too_large} ({format_bytes(size)})")
+            before = os.fstat(f.fileno())
             raw = f.read(limit + 1)
+            after = os.fstat(f.fileno())
     except FileNotFoundError:
         raise DatasetError(f"dataset file not found: {path}") from None
     except NotARegularFile as exc:
@@ -208,13 +211,35 @@ def read_dataset_bytes(path: Path, limit: int | None = None) -> bytes:
         raise DatasetError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
     if len(raw) > limit:
         raise DatasetError(too_large)
+    if changed_while_read(before, after, len(raw)):
+        raise DatasetError(
+            f"{path} changed while it was being read: it had {before.st_size:,} bytes when opened, "
+            f"{len(raw):,} were read, and it has {after.st_size:,} now. Another program is writing "
+            "it; open it again once that has finished")
     return raw
+
+
+def changed_while_read(before: os.stat_result, after: os.stat_result, bytes_read: int) -> bool:
+    """Whether a file's read saw something other than its content when opened: its size
+    or modification time moved, or the bytes read differ from its size. A file that
+    reports size 0 throughout (/proc) has no size to compare the bytes with."""
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        return True
+    return bytes_read != before.st_size and before.st_size != 0
 
 
 # default dataset ------------------------------------------------------------
 
+# Folders that replace the per-user ones (tests, CI, a portable install): the data
+# folder holds autosaves, the cache folder the compiled Futhark backends.
+DATA_DIR_ENV = "MICROGPT_GUI_DATA_DIR"
+CACHE_DIR_ENV = "MICROGPT_GUI_CACHE_DIR"
+
+
 def user_data_dir() -> Path:
-    """Per-user data directory (XDG on Linux, the platform's own elsewhere)."""
+    """Per-user data directory (XDG on Linux, the platform's own elsewhere), or $MICROGPT_GUI_DATA_DIR."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV])
     if sys.platform == "win32":
         base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
     elif sys.platform == "darwin":
@@ -225,6 +250,9 @@ def user_data_dir() -> Path:
 
 
 def user_cache_dir() -> Path:
+    """Per-user cache directory (XDG on Linux, the platform's own elsewhere), or $MICROGPT_GUI_CACHE_DIR."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
     if sys.platform == "win32":
         return user_data_dir() / "cache"
     if sys.platform == "darwin":

@@ -70,8 +70,10 @@ class DataSplit:
         self.n_train = len(corpus) - self.holdout
         a = corpus.arrays
         self.offsets = a.offsets
-        # predicted positions of each document: microgpt's n = min(block_size, len(tokens) - 1)
-        self.positions = np.minimum(block_size, a.lengths - 1).astype(np.int32)
+        # predicted positions of each document: microgpt's n = min(block_size, len(tokens) - 1),
+        # computed in the lengths' int32 (a block beyond them truncates nothing: no
+        # OverflowError from a block_size past int32, which ModelConfig refuses anyway)
+        self.positions = np.minimum(a.lengths - 1, min(block_size, a.max_length - 1)).astype(np.int32)
         # the most positions of any document: the longest a padded batch can be
         self.longest = int(self.positions.max())
 

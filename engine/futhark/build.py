@@ -1,5 +1,5 @@
-"""Building a Futhark backend's CFFI extension into the per-user cache, and
-importing it; whether a backend can run here.
+"""Building a Futhark backend's CFFI extension into the per-user cache (or the
+folder $MICROGPT_GUI_CACHE_DIR names), and importing it; whether a backend can run here.
 
 The C comes from kernels/generated/ (shipped: only a C compiler is needed)
 while it matches the kernel sources; otherwise a Futhark compiler generates
@@ -116,6 +116,8 @@ def cache_key(parts: tuple[str, ...]) -> str:
 
 
 def cache_root() -> Path:
+    """Where the builds go: futhark/ in the user's cache folder (~/.cache/microgpt-gui on
+    Linux) or in $MICROGPT_GUI_CACHE_DIR (engine.data.corpus.user_cache_dir)."""
     return user_cache_dir() / "futhark"
 
 

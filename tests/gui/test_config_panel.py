@@ -32,11 +32,13 @@ def test_a_loaded_runs_warmup_is_shown(qtbot):
     assert panel.warmup_spin.value() == 25 and panel.train_config() == train
 
 
-def test_a_warmup_beyond_the_field_is_shown_at_its_maximum(qtbot):
-    """A checkpoint may hold up to 10^12 warm-up steps, past a spin box's int range."""
+def test_the_longest_warmup_fits_the_field(qtbot):
+    """A checkpoint held up to 10^12 warm-up steps, past a spin box's int range; it
+    holds at most engine.config's limit now, and the field shows that."""
     panel = make_panel(qtbot)
-    panel.set_configs(engine.ModelConfig(), engine.TrainConfig(num_steps=500, warmup_steps=10**12))
-    assert panel.warmup_spin.value() == panel.warmup_spin.maximum()
+    most = engine.config.FIELD_LIMITS["train.warmup_steps"][1]
+    panel.set_configs(engine.ModelConfig(), engine.TrainConfig(num_steps=500, warmup_steps=most))
+    assert panel.warmup_spin.value() == most
 
 
 def test_the_warmup_persists_in_the_settings(qtbot, tmp_path):
@@ -47,3 +49,13 @@ def test_the_warmup_persists_in_the_settings(qtbot, tmp_path):
     again = make_panel(qtbot)
     again.restore_settings(settings)
     assert again.train_config().warmup_steps == 40
+
+
+def test_learn_is_listed_first_and_tiny_selected(qtbot):
+    """learn, the preset for learning, was last in the combo (issue 27); a first start
+    still selects microgpt's tiny."""
+    panel = make_panel(qtbot)
+    combo = panel.preset_combo
+    assert [combo.itemText(i) for i in range(combo.count())] == list(engine.PRESETS)
+    assert combo.itemText(0) == "learn" and combo.currentText() == "tiny"
+    assert panel.model_config() == engine.PRESETS["tiny"].model

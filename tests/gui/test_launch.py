@@ -64,7 +64,7 @@ def test_autorun_with_a_missing_dataset_exits_with_status_1(tmp_path):
 # before any window: checked without Qt, without a display ----------------------
 
 @pytest.mark.parametrize("args, status, first_words", [
-    (["--preset", "nope"], 2, "error: --preset: unknown preset 'nope'; choose from tiny, s32,"),
+    (["--preset", "nope"], 2, "error: --preset: unknown preset 'nope'; choose from learn, tiny, s32,"),
     (["--backend", "nope"], 2, "error: unknown backend 'nope'; choose from numpy, cupy, futhark-c,"),
     (["--autorun-steps", "0"], 2, "error: --autorun-steps must be at least 1, got 0"),
     (["--autorun-steps"], 2, "error: --autorun-steps: expected one argument"),

@@ -313,7 +313,7 @@ def test_a_checkpoint_beyond_the_fields_is_a_message_and_changes_nothing(make_wi
     window.load_checkpoint(str(path))
     qtbot.waitUntil(lambda: bool(window.messages), timeout=TIMEOUT_MS)
     kind, title, text = window.messages[-1]
-    assert (kind, title) == ("error", "Cannot load this checkpoint") and "train.num_steps is 1,000,000,000,000" in text
+    assert (kind, title) == ("error", "Cannot load this checkpoint") and "num_steps must be at most 10,000,000, got 1,000,000,000,000" in text
     assert window.state == "none" and window.config_panel.steps_spin.value() == steps
     assert window.dataset_path == str(names_path)
 
