@@ -55,7 +55,7 @@ import numpy as np
 
 from ..errors import Cancelled, TrainingDiverged, error_details
 from . import protocol as rs
-from .heldout import EVAL_SHARE, HoldoutSchedule, evaluate_if_due, evaluation_estimate
+from .heldout import EVAL_SHARE, HeldoutPoint, HoldoutSchedule, evaluate_if_due, evaluation_estimate
 from .protocol import RunInfo, RunSpec
 from .run_model import Phase, allows, extend_backend, next_phase
 
@@ -354,7 +354,7 @@ class TrainingLoop:
         finally:
             self.call = ""
         if loss is not None:
-            self._emit(rs.Heldout((self.backend.heldout_history[-1],)))
+            self._emit(rs.Heldout((HeldoutPoint(self.backend.step, loss),)))
 
     def _heldout_current(self) -> bool:
         """Whether the held-out curve needs no point at this step: it has one (a
