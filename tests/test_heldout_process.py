@@ -91,7 +91,7 @@ def test_a_run_evaluates_here_once_the_child_is_gone(monkeypatch):
     own.close()
 
 
-def test_a_backend_that_evaluates_its_own_way_stays_in_this_process():
+def test_a_backend_that_evaluates_its_own_way_stays_in_this_process(monkeypatch):
     class OwnWay(type(open_backend("numpy", MODEL, TRAIN, Corpus(NAMES, shuffled=True)))):
         def _doc_losses(self, batch):
             return super()._doc_losses(batch)
@@ -101,3 +101,8 @@ def test_a_backend_that_evaluates_its_own_way_stays_in_this_process():
     assert backend._heldout_session is None and not backend._evaluates_in_child()
     assert all("held-out evaluation's process" not in what for what, _ in backend.memory_needs())
     assert any("held-out evaluation's process" in what for what, _ in pair()[0].memory_needs())
+    from engine.backends.numpy_backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "_doc_losses", lambda self, batch: np.zeros(len(batch.lengths)))
+    replaced = pair()[0]
+    assert replaced.heldout_loss() == 0.0 and replaced._heldout_session is None

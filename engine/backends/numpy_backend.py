@@ -96,8 +96,9 @@ class NumpyBackend(Backend):
 
     # the held-out loss, computed in a child process (engine.backends.heldout_process) ----------
     def _evaluates_in_child(self) -> bool:
-        """NumPy's own evaluation (not a subclass's, not on a GPU), where the child can run."""
-        return (self.xp is np and type(self)._doc_losses is NumpyBackend._doc_losses
+        """NumPy's own evaluation (not a subclass's or a replacement's, not on a GPU),
+        where the child can run: it computes what this module's _doc_losses does."""
+        return (self.xp is np and type(self)._doc_losses is _DOC_LOSSES
                 and getattr(self, "_heldout_session", None) is not False and self.holdout > 0)
 
     def memory_needs(self) -> list[tuple[str, int]]:
@@ -203,3 +204,5 @@ class NumpyBackend(Backend):
         self.m[...] = self.xp.asarray(state.m)
         self.v[...] = self.xp.asarray(state.v)
 
+
+_DOC_LOSSES = NumpyBackend._doc_losses  # what the held-out process computes
