@@ -4,7 +4,9 @@ evaluation in this process, cancellation, nothing left behind, and the
 evaluation in this process whenever the child is gone."""
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 from dataclasses import replace
 
 import numpy as np
@@ -89,6 +91,18 @@ def test_a_run_evaluates_here_once_the_child_is_gone(monkeypatch):
     assert child.heldout_loss() == here.heldout_loss()
     assert child._heldout_session is False, "from now on in this process"
     own.close()
+
+
+def test_no_room_for_the_parameters_file_means_evaluating_here(monkeypatch):
+    """A full /dev/shm (a container's 64 MB) and a full disk: refused up front, never
+    a mapped page that cannot be written (SIGBUS)."""
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    child, here = pair()
+    assert child.heldout_loss() == here.heldout_loss() and child._heldout_session is False
+    assert not [name for name in os.listdir(tempfile.gettempdir()) if name.startswith("microgpt-heldout-")]
 
 
 def test_a_backend_that_evaluates_its_own_way_stays_in_this_process(monkeypatch):

@@ -65,10 +65,28 @@ def _read(stream):
     return pickle.loads(data)
 
 
-def _shared_folder() -> str | None:
-    """Where the parameters' file goes: memory-backed /dev/shm where there is one."""
+def _reserved_file(size: int) -> str:
+    """A new file of size bytes for the parameters, in memory-backed /dev/shm where
+    there is room, else in the temporary folder. Its space is reserved first where
+    the system can (posix_fallocate): writing a mapped page of a file system that is
+    full kills the process (SIGBUS), so a full one must fail here, with OSError."""
     shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+    folders = [str(shm)] if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else []
+    error = None
+    for folder in [*folders, None]:
+        fd, path = tempfile.mkstemp(prefix="microgpt-heldout-", suffix=".f32", dir=folder)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
+            return path
+        except OSError as exc:  # no room there (a container's small /dev/shm)
+            error = exc
+            os.unlink(path)
+        finally:
+            os.close(fd)
+    raise error
 
 
 # this process's side -------------------------------------------------------------------
@@ -203,11 +221,7 @@ class Session:
     def __init__(self, model, vocab_size: int, num_params: int, small_products: bool, batches: list):
         self.key = next(_ids)
         self.positions = [batch.positions for batch in batches]
-        fd, self.path = tempfile.mkstemp(prefix="microgpt-heldout-", suffix=".f32", dir=_shared_folder())
-        try:
-            os.ftruncate(fd, HEADER + 4 * num_params)
-        finally:
-            os.close(fd)
+        self.path = _reserved_file(HEADER + 4 * num_params)
         self._header = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(HEADER,))
         self._params = np.memmap(self.path, dtype=np.float32, mode="r+", offset=HEADER, shape=(num_params,))
         self._opening = ("open", self.key, model, vocab_size, self.path, num_params, small_products,
