@@ -9,7 +9,10 @@ work to do, or a test harness polling), or while another process spins
 (cpu: the same load on the CPU, without the GIL: the control). For each:
 
 - evaluation: the held-out evaluations of a training run (the loop's own
-  timing of each, HoldoutSchedule.last_eval_seconds), after a warm-up;
+  timing of each, HoldoutSchedule.last_eval_seconds), after a warm-up; the
+  NumPy backend evaluates in a child process of its own;
+- evaluation here: the same, the NumPy backend evaluating in this process
+  (as it did before the child: the comparison under the same load);
 - resume: from Pause to the first Losses event after Resume;
 - resume in evaluation: Stop, and Resume once the stopped run's held-out
   evaluation is under way (the command cancels it), to the first Losses.
@@ -37,7 +40,7 @@ from dev_data import DEFAULT_DATA  # noqa: E402  (beside this script)
 
 from engine import get_preset, load_corpus  # noqa: E402
 from engine.training import protocol as rs  # noqa: E402
-from engine.training.loop import LoopSettings, TrainingLoop  # noqa: E402
+from engine.training.loop import LoopSettings, TrainingLoop, open_runner  # noqa: E402
 from engine.training.run_model import Phase  # noqa: E402
 
 TIMEOUT_S = 120.0
@@ -115,10 +118,16 @@ def is_phase(phase):
     return lambda e: isinstance(e, rs.PhaseChanged) and e.phase == phase
 
 
-def measure_evaluations(spec: rs.RunSpec, count: int) -> list[float]:
+def measure_evaluations(spec: rs.RunSpec, count: int, in_child: bool = True) -> list[float]:
     """Seconds of `count` held-out evaluations (after one uncounted), the loop
-    evaluating whenever its schedule allows with the share at its largest."""
-    run = Run(spec, LoopSettings(heldout_share=1.0, delay_first_evaluation=False))
+    evaluating whenever its schedule allows with the share at its largest; the
+    NumPy backend's in its child process, or (in_child False) in this one, as before."""
+    def opener(s):
+        backend = open_runner(s)
+        backend.heldout_in_child = in_child
+        return backend
+
+    run = Run(spec, LoopSettings(heldout_share=1.0, delay_first_evaluation=False, opener=opener))
     with run._changed:
         run._changed.wait_for(lambda: len(run.eval_seconds) > count, TIMEOUT_S)
     run.end()
@@ -127,23 +136,23 @@ def measure_evaluations(spec: rs.RunSpec, count: int) -> list[float]:
 
 def measure_resumes(spec: rs.RunSpec, count: int, during_evaluation: bool) -> list[float]:
     """Seconds from Resume to the first Losses after it, `count` times: after a
-    Pause, or after a Stop once the stopped run's held-out evaluation is under way."""
+    Pause, or after a Stop once the stopped run's held-out evaluation is under way
+    (a Stop whose evaluation ended before it was seen is not counted)."""
     run = Run(spec, LoopSettings())
     run.first_after(0, lambda e: isinstance(e, rs.Losses))
     time.sleep(0.3)  # the chunk at its length
     latencies = []
-    for _ in range(count):
+    for _ in range(20 * count):
+        if len(latencies) == count:
+            break
         index = run.mark()
         run.loop.send(rs.Stop() if during_evaluation else rs.Pause())
         run.first_after(index, is_phase(Phase.DONE if during_evaluation else Phase.PAUSED))
-        if during_evaluation:
-            deadline = time.monotonic() + TIMEOUT_S
-            while run.loop.call != "evaluating the held-out loss":
-                if time.monotonic() > deadline:
-                    raise SystemExit("the stopped run's evaluation never started")
-                time.sleep(0.0005)
-            time.sleep(0.002)  # well inside it
-        else:
+        if during_evaluation and not in_evaluation(run, index):
+            run.loop.send(rs.Resume())
+            time.sleep(0.2)
+            continue
+        if not during_evaluation:
             time.sleep(0.1)
         index = run.mark()
         sent = time.perf_counter()
@@ -153,6 +162,21 @@ def measure_resumes(spec: rs.RunSpec, count: int, during_evaluation: bool) -> li
         time.sleep(0.2)  # train a while: the next Stop has steps to evaluate
     run.end()
     return latencies
+
+
+def in_evaluation(run: Run, index: int) -> bool:
+    """Wait until the stopped run's held-out evaluation is under way (True), or
+    over already (False: its Heldout event came)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while run.loop.call != "evaluating the held-out loss":
+        with run._changed:
+            if any(isinstance(e, rs.Heldout) for _, e in run.events[index:]):
+                return False
+        if time.monotonic() > deadline:
+            raise SystemExit("the stopped run's evaluation never started")
+        time.sleep(0.0005)
+    time.sleep(0.002)  # well inside it
+    return True
 
 
 def summary(seconds: list[float]) -> str:
@@ -166,7 +190,7 @@ def main() -> int:
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--repeats", type=int, default=10, help="measurements per condition")
-    parser.add_argument("--only", choices=["evaluation", "resume", "resume in evaluation"],
+    parser.add_argument("--only", choices=["evaluation", "evaluation here", "resume", "resume in evaluation"],
                         help="measure only this")
     parser.add_argument("--rounds", type=int, default=1, help="turns the idle and busy conditions take")
     args = parser.parse_args()
@@ -175,15 +199,22 @@ def main() -> int:
     spec = rs.RunSpec(args.backend, corpus, preset.model, replace(preset.train))
     print(f"{args.backend} at {args.preset}; Python {sys.version.split()[0]}, switch interval "
           f"{1e3 * sys.getswitchinterval():g} ms, {os.cpu_count()} cores")
-    for what, measure in (("evaluation", lambda: measure_evaluations(spec, args.repeats)),
-                          ("resume", lambda: measure_resumes(spec, args.repeats, False)),
-                          ("resume in evaluation", lambda: measure_resumes(spec, args.repeats, True))):
-        if args.only not in (None, what):
-            continue
-        for condition in CONDITIONS * args.rounds:
-            with load(condition):
+    measures = (("evaluation", lambda: measure_evaluations(spec, args.repeats)),
+                ("evaluation here", lambda: measure_evaluations(spec, args.repeats, in_child=False)),
+                ("resume", lambda: measure_resumes(spec, args.repeats, False)),
+                ("resume in evaluation", lambda: measure_resumes(spec, args.repeats, True)))
+    chosen = [(what, measure) for what, measure in measures if args.only in (None, what)]
+    samples: dict[tuple[str, str], list[float]] = {}
+    for condition in CONDITIONS * args.rounds:  # the measures take turns under each condition
+        with load(condition):
+            for what, measure in chosen:
                 figures = measure()
-            print(f"{what:21s} {condition:4s}  {summary(figures)}", flush=True)
+                samples.setdefault((what, condition), []).extend(figures)
+                print(f"{what:21s} {condition:4s}  {summary(figures)}", flush=True)
+    if args.rounds > 1:
+        print("all rounds:")
+        for (what, condition), figures in samples.items():
+            print(f"{what:21s} {condition:4s}  {summary(figures)}")
     return 0
 
 

@@ -95,10 +95,12 @@ class NumpyBackend(Backend):
         self._heldout_session = None
 
     # the held-out loss, computed in a child process (engine.backends.heldout_process) ----------
+    heldout_in_child = True  # False: evaluate in this process (scripts/loop_latency.py compares)
+
     def _evaluates_in_child(self) -> bool:
         """NumPy's own evaluation (not a subclass's or a replacement's, not on a GPU),
         where the child can run: it computes what this module's _doc_losses does."""
-        return (self.xp is np and type(self)._doc_losses is _DOC_LOSSES
+        return (self.heldout_in_child and self.xp is np and type(self)._doc_losses is _DOC_LOSSES
                 and getattr(self, "_heldout_session", None) is not False and self.holdout > 0)
 
     def memory_needs(self) -> list[tuple[str, int]]:
