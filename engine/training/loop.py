@@ -237,7 +237,8 @@ class TrainingLoop:
                 self._handle(command)
             elif self.phase == Phase.RUNNING:
                 self._train_chunk()
-                time.sleep(0)  # hand the GIL to another thread (a window's) if it is waiting
+                if threading.active_count() > 1:
+                    time.sleep(0)  # hand the GIL to another thread (a window's) if it is waiting
 
     def _handle(self, command: rs.Command) -> None:
         if isinstance(command, rs.Stop):
