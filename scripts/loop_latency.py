@@ -190,8 +190,9 @@ def main() -> int:
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--repeats", type=int, default=10, help="measurements per condition")
-    parser.add_argument("--only", choices=["evaluation", "evaluation here", "resume", "resume in evaluation"],
-                        help="measure only this")
+    parser.add_argument("--only", action="append", choices=["evaluation", "evaluation here", "resume",
+                                                             "resume in evaluation"],
+                        help="measure only this (repeat it for more)")
     parser.add_argument("--rounds", type=int, default=1, help="turns the idle and busy conditions take")
     args = parser.parse_args()
     preset = get_preset(args.preset).with_steps(10**9)
@@ -203,7 +204,7 @@ def main() -> int:
                 ("evaluation here", lambda: measure_evaluations(spec, args.repeats, in_child=False)),
                 ("resume", lambda: measure_resumes(spec, args.repeats, False)),
                 ("resume in evaluation", lambda: measure_resumes(spec, args.repeats, True)))
-    chosen = [(what, measure) for what, measure in measures if args.only in (None, what)]
+    chosen = [(what, measure) for what, measure in measures if args.only is None or what in args.only]
     samples: dict[tuple[str, str], list[float]] = {}
     for condition in CONDITIONS * args.rounds:  # the measures take turns under each condition
         with load(condition):
