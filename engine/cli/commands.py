@@ -21,7 +21,7 @@ import numpy as np
 from ..bench import measure as bench
 from ..bench import to_loss as bench_loss
 from ..bench import report as bench_report
-from ..backends import BackendError, TrainingDiverged, probe_backend
+from ..backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from ..data.split import resolve_holdout
 from .args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
 from .checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
@@ -164,7 +164,8 @@ def run_demo(args) -> int:
         print(f"truncated: {note}")
     report = DemoReport(args, train.num_steps, corpus.vocab_size)
     # the first report line has a held-out loss, as demo always printed
-    settings = LoopSettings(end_when_finished=True, chunk_steps=report.next_chunk, delay_first_evaluation=False)
+    settings = LoopSettings(end_when_finished=True, chunk_steps=report.next_chunk, delay_first_evaluation=False,
+                            opener=open_demo_backend)
     loop = report.loop = TrainingLoop(RunSpec(args.backend, corpus, model, train), report, settings)
     with builds_announced():
         loop.run()
@@ -173,6 +174,11 @@ def run_demo(args) -> int:
             raise with_flags(report.error, DEMO_FLAGS) from None
         raise report.error
     return 0
+
+
+def open_demo_backend(spec: RunSpec):
+    """The training loop's opener for demo: a fresh backend (this module's open_backend)."""
+    return open_backend(spec.backend, spec.model, spec.train, spec.corpus)
 
 
 class DemoReport:
