@@ -14,6 +14,7 @@ import engine
 from engine.bench import measure as bench
 from engine.bench import report as bench_report
 from engine.bench import timing as bench_timing
+from engine.training.protocol import RunSpec
 
 DOCS = ["emma", "olivia", "ava", "isabella", "sophia", "charlotte", "mia", "amelia", "harper",
         "evelyn", "abigail", "emily", "elizabeth", "mila", "ella", "avery", "sofia", "camila"]
@@ -43,8 +44,21 @@ class FakeClock:
 
 
 class FakeRunner:
+    """What the training loop needs of a runner, with steps that take step_s on a FakeClock."""
+
+    name, model, train_config, num_params, holdout = "fake", None, None, 0, 0
+    corpus = engine.Corpus.from_lines(DOCS)
+
     def __init__(self, clock, horizon=10**9, step_s=2**-10):  # about 1 ms, exact in binary
         self.clock, self.horizon, self.step_s, self.done, self.calls = clock, horizon, step_s, 0, []
+
+    @property
+    def step(self):
+        return self.done
+
+    @property
+    def finished(self):
+        return self.done >= self.horizon
 
     def train(self, k):
         k = min(k, self.horizon - self.done)
@@ -53,36 +67,39 @@ class FakeRunner:
         self.clock.now += k * self.step_s
         return np.zeros(k, dtype=np.float32)
 
+    def close(self):
+        pass
 
-@pytest.fixture
-def fake_clock(monkeypatch):
+
+def timed(runner, clock, budget):
+    """bench's timing loop (TimingPlan in a TrainingLoop) over runner, on the fake clock."""
+    return bench_timing.TimingPlan(budget, clock=clock.perf_counter).run(RunSpec("fake"), lambda s: runner)
+
+
+def test_timing_runs_for_the_seconds_when_they_take_longer_than_the_steps():
     clock = FakeClock()
-    monkeypatch.setattr(bench_timing.time, "perf_counter", clock.perf_counter)
-    return clock
+    runner = FakeRunner(clock)
+    plan = timed(runner, clock, bench_timing.Budget(steps=20, seconds=1.5))
+    # warm-up: at least 3 steps and WARMUP_S seconds, one step per call
+    assert plan.warmup == math.ceil(bench_timing.WARMUP_S * 1024) and runner.calls[:plan.warmup] == [1] * plan.warmup
+    # 1.5 s at 1/1024 s a step (the warm-up's pace): 1,536 steps, in CHUNKS calls of 154
+    assert [steps for steps, _ in plan.chunks] == [154] * bench_timing.CHUNKS
+    assert sum(seconds for _, seconds in plan.chunks) == 1540 / 1024
+    assert runner.done == plan.warmup + 1540, "nothing trained after the budget"
 
 
-def test_timing_runs_for_the_seconds_when_they_take_longer_than_the_steps(fake_clock):
-    runner = FakeRunner(fake_clock)
-    warmup, pace = bench_timing._warm_up(runner, None)  # at least 3 steps and WARMUP_S seconds
-    assert warmup == math.ceil(bench_timing.WARMUP_S * 1024) and pace == 2**-10
-    chunks = bench_timing._timed_chunks(runner, bench_timing.Budget(steps=20, seconds=1.5), pace)
-    # 1.5 s at 1/1024 s a step: 1,536 steps, in CHUNKS calls of 154
-    assert [steps for steps, _ in chunks] == [154] * bench_timing.CHUNKS
-    assert sum(seconds for _, seconds in chunks) == 1540 / 1024
-
-
-def test_timing_runs_exactly_the_steps_when_they_take_longer_than_the_seconds(fake_clock):
-    runner = FakeRunner(fake_clock)
-    chunks = bench_timing._timed_chunks(runner, bench_timing.Budget(steps=35, seconds=0.01), pace=None)
-    steps = [k for k, _ in chunks]
+def test_timing_runs_exactly_the_steps_when_they_take_longer_than_the_seconds():
+    clock = FakeClock()
+    plan = timed(FakeRunner(clock), clock, bench_timing.Budget(steps=35, seconds=0.01, warmup=0))
+    steps = [k for k, _ in plan.chunks]
     assert sum(steps) == 35 and max(steps) == 4  # calls of ceil(35 / CHUNKS), the last one shorter
-    assert sum(seconds for _, seconds in chunks) >= 0.01
+    assert sum(seconds for _, seconds in plan.chunks) >= 0.01
 
 
-def test_timing_stops_at_the_runs_horizon(fake_clock):
-    runner = FakeRunner(fake_clock, horizon=50)
-    chunks = bench_timing._timed_chunks(runner, bench_timing.Budget(steps=20, seconds=10.0), pace=2**-10)
-    assert sum(k for k, _ in chunks) == 50  # not an endless loop once train() returns nothing
+def test_timing_stops_at_the_runs_horizon():
+    clock = FakeClock()
+    plan = timed(FakeRunner(clock, horizon=50), clock, bench_timing.Budget(steps=20, seconds=10.0, warmup=0))
+    assert sum(k for k, _ in plan.chunks) == 50  # not an endless loop once the run is at its last step
 
 
 @pytest.mark.parametrize("load, busy", [(3.5, True), (1.5, False), (None, False)])

@@ -16,7 +16,7 @@ from cupy_support import HostLogicBackend
 from engine import TrainConfig, load_checkpoint, open_backend, read_checkpoint
 from engine.backends import BackendError, probe_backend
 from engine.bench.to_loss import ToLoss, train_to_loss
-from engine.training.heldout import HoldoutSchedule
+from engine.training.heldout import HeldoutPoint, HoldoutSchedule
 from test_learning import MODEL, corpus
 
 TRAIN = TrainConfig(num_steps=60, batch_size=3, holdout=3, learning_rate=0.01)
@@ -96,12 +96,18 @@ def test_the_schedule_keeps_evaluation_within_its_share_and_evaluates_at_the_end
 
 
 class FakeRunner:
-    """A run whose held-out loss falls by 0.1 per 10 steps, on a fake clock."""
+    """A run whose held-out loss falls by 0.1 per 10 steps, on a fake clock (with
+    what the training loop reads of a runner)."""
 
-    holdout = 5
+    name, model, train_config, num_params, holdout = "fake", None, None, 0, 5
+    corpus = corpus()
 
     def __init__(self, clock, num_steps=1000):
         self.clock, self.step, self.num_steps, self.calls = clock, 0, num_steps, 0
+        self.heldout_history = []
+
+    def close(self):
+        pass
 
     @property
     def finished(self):
@@ -116,7 +122,8 @@ class FakeRunner:
     def heldout_loss(self, cancel=None):
         self.calls += 1
         self.clock[0] += 0.05
-        return 3.0 - 0.01 * self.step
+        self.heldout_history.append(HeldoutPoint(self.step, 3.0 - 0.01 * self.step))
+        return self.heldout_history[-1].loss
 
 
 def test_train_to_loss_stops_at_the_first_evaluation_at_or_below_the_target():

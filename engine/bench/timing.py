@@ -1,5 +1,6 @@
 """One bench configuration timed in this process (engine.bench.measure runs it in a
-child process of its own; see its docstring): after warm-up, the steps run
+child process of its own; see its docstring), in the training loop every front
+end uses (engine.training.loop): after warm-up, the steps run
 as chunked `backend.train(k)` calls (the call the window makes) until both
 at least `steps` steps and at least `seconds` seconds are done, in about ten
 chunks; the figure is the median of the chunks' ms/step, with the fastest
@@ -21,6 +22,10 @@ from pathlib import Path
 from ..backends import open_backend
 from ..config import get_preset
 from ..data.corpus import Corpus
+from ..training import protocol as rs
+from ..training.loop import LoopSettings, TrainingLoop
+from ..training.protocol import RunSpec
+from ..training.run_model import Phase
 
 TORCH = "torch"
 WARMUP_S = 0.3  # warm-up when its steps are not given: at least this long, and 3 steps
@@ -126,36 +131,86 @@ def _open(backend: str, preset, corpus: Corpus):
     return open_backend(backend, preset.model, preset.train, corpus)
 
 
-def _warm_up(runner, warmup: int | None) -> tuple[int, float | None]:
-    """Run the warm-up one step per call; (steps run, seconds per step or None)."""
-    least = 3 if warmup is None else warmup
-    start, done = time.perf_counter(), 0
-    while done < least or (warmup is None and time.perf_counter() - start < WARMUP_S):
-        runner.train(1)
-        done += 1
-    return done, (time.perf_counter() - start) / done if done else None
+class TimingPlan:
+    """The timing loop as a TrainingLoop chunk plan (engine.training.loop): the warm-up
+    one step per call, then the measured train(k) calls, then (when asked) one timed
+    sample() call. It is also the loop's emit: each chunk's (steps, seconds) comes
+    from its Losses event, timed by the loop around the train(k) call alone."""
 
+    def __init__(self, budget: Budget, clock=time.perf_counter):
+        self.budget, self.clock = budget, clock
+        self.least_warmup = 3 if budget.warmup is None else budget.warmup
+        self.warmup, self.warmup_seconds = 0, 0.0  # steps and seconds of the warm-up calls
+        self.chunks: list[tuple[int, float]] = []  # each measured call's (steps, seconds)
+        self.params = 0
+        self.sample_ms: float | None = None
+        self.error: BaseException | None = None
+        self._sample_started: float | None = None
+        self.loop: TrainingLoop | None = None
 
-def _timed_chunks(runner, budget: Budget, pace: float | None) -> list[tuple[int, float]]:
-    """(steps, seconds) of each train(k) call until at least budget.steps steps and
-    budget.seconds seconds are done. k aims at about CHUNKS calls in all, from the
-    pace so far; once the time is met, the last call stops at budget.steps."""
-    chunks, done, elapsed = [], 0, 0.0
-    while done < budget.steps or elapsed < budget.seconds:
+    @property
+    def warming_up(self) -> bool:
+        return self.warmup < self.least_warmup or (self.budget.warmup is None and self.warmup_seconds < WARMUP_S)
+
+    @property
+    def pace(self) -> float | None:
+        """Seconds per step so far: the measured calls', else the warm-up's."""
+        done, elapsed = self._measured()
+        if done:
+            return elapsed / done
+        return self.warmup_seconds / self.warmup if self.warmup else None
+
+    def _measured(self) -> tuple[int, float]:
+        return sum(steps for steps, _ in self.chunks), sum(seconds for _, seconds in self.chunks)
+
+    def next_chunk(self, loop=None) -> int:
+        """One step while warming up; then k aims at about CHUNKS calls in all, from the
+        pace so far, until at least budget.steps steps and budget.seconds seconds are
+        done (once the time is met, the last call stops at budget.steps); then 0: done."""
+        if self.warming_up:
+            return 1
+        budget, pace = self.budget, self.pace
+        done, elapsed = self._measured()
+        if done >= budget.steps and elapsed >= budget.seconds:
+            return 0
         k = math.ceil(budget.steps / CHUNKS)
         if pace:
             k = max(k, math.ceil(budget.seconds / pace / CHUNKS))
         if elapsed >= budget.seconds:
             k = min(k, budget.steps - done)
-        start = time.perf_counter()
-        ran = len(runner.train(k))
-        seconds = time.perf_counter() - start
-        if ran == 0:  # the run's step horizon is reached (see measure): nothing more to time
-            break
-        chunks.append((ran, seconds))
-        done, elapsed = done + ran, elapsed + seconds
-        pace = elapsed / done
-    return chunks
+        return k
+
+    def __call__(self, event) -> None:
+        if isinstance(event, rs.Opened):
+            self.params = int(event.info.num_params)
+        elif isinstance(event, rs.Losses):
+            if self.warming_up:
+                self.warmup += len(event.losses)
+                self.warmup_seconds += event.seconds
+            else:
+                self.chunks.append((len(event.losses), event.seconds))
+        elif isinstance(event, rs.PhaseChanged) and event.phase == Phase.DONE:
+            self._sample(event)
+        elif isinstance(event, rs.Samples) and self._sample_started is not None:
+            self.sample_ms = 1e3 * (self.clock() - self._sample_started)
+        elif isinstance(event, rs.Error) and self.error is None:
+            self.error = event.exception or RuntimeError(event.message)
+
+    def _sample(self, event) -> None:
+        loop = self.loop
+        if self.budget.sample_names and hasattr(loop.backend, "sample") and self.error is None:
+            self._sample_started = self.clock()
+            loop.send(rs.Sample(self.budget.sample_names, 0.5, 0))
+
+    def run(self, spec: RunSpec, opener) -> "TimingPlan":
+        """Time the runner opener(spec) gives in a TrainingLoop in this thread; raise what failed."""
+        settings = LoopSettings(end_when_finished=True, heldout=False, chunk_steps=self.next_chunk,
+                                opener=opener, clock=self.clock)
+        self.loop = TrainingLoop(spec, self, settings)
+        self.loop.run()
+        if self.error is not None:
+            raise self.error
+        return self
 
 
 def with_batch(preset, batch: int):
@@ -170,24 +225,16 @@ def measure(backend: str, preset_name: str, corpus: Corpus, budget: Budget = Bud
     # far enough for the steps the budget may run even at 50,000 steps/s
     horizon = 100_000 + budget.steps + (budget.warmup or 0) + int(budget.seconds * 50_000)
     preset = with_batch(get_preset(preset_name).with_steps(horizon), batch)
-    runner = _open(backend, preset, corpus)
-    try:
-        warmup, pace = _warm_up(runner, budget.warmup)
-        chunks = _timed_chunks(runner, budget, pace)
-        sample_ms = None
-        if budget.sample_names and hasattr(runner, "sample"):
-            start = time.perf_counter()
-            runner.sample(budget.sample_names, temperature=0.5, seed=0)
-            sample_ms = 1e3 * (time.perf_counter() - start)
-        per_step = [1e3 * seconds / steps for steps, seconds in chunks]
-        ms = statistics.median(per_step)
-        load, busy = row_load(load_before, cores)
-        return BenchResult(backend, preset_name, "ok", params=int(runner.num_params),
-                           ms_per_step=ms, ms_min=min(per_step), ms_max=max(per_step),
-                           steps_per_s=1e3 / ms, peak_rss_mb=peak_rss_mb(),
-                           steps=sum(s for s, _ in chunks), seconds=sum(t for _, t in chunks),
-                           chunks=len(chunks), warmup=warmup, sample_names=budget.sample_names,
-                           sample_ms=sample_ms, load_avg=load, cores=cores, busy=busy, batch=batch,
-                           names_per_s=1e3 * batch / ms)
-    finally:
-        runner.close()
+    plan = TimingPlan(budget).run(RunSpec(backend, corpus, preset.model, preset.train),
+                                  lambda spec: _open(backend, preset, corpus))
+    chunks = plan.chunks
+    per_step = [1e3 * seconds / steps for steps, seconds in chunks]
+    ms = statistics.median(per_step)
+    load, busy = row_load(load_before, cores)
+    return BenchResult(backend, preset_name, "ok", params=plan.params,
+                       ms_per_step=ms, ms_min=min(per_step), ms_max=max(per_step),
+                       steps_per_s=1e3 / ms, peak_rss_mb=peak_rss_mb(),
+                       steps=sum(s for s, _ in chunks), seconds=sum(t for _, t in chunks),
+                       chunks=len(chunks), warmup=plan.warmup, sample_names=budget.sample_names,
+                       sample_ms=plan.sample_ms, load_avg=load, cores=cores, busy=busy, batch=batch,
+                       names_per_s=1e3 * batch / ms)

@@ -14,7 +14,6 @@ import argparse
 import math
 import os
 import sys
-import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -22,14 +21,17 @@ import numpy as np
 from ..bench import measure as bench
 from ..bench import to_loss as bench_loss
 from ..bench import report as bench_report
-from ..backends import BackendError, TrainingDiverged, open_backend, probe_backend
+from ..backends import BackendError, TrainingDiverged, probe_backend
 from ..data.split import resolve_holdout
 from .args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
 from .checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
 from ..data.corpus import DatasetError, default_dataset_path, load_corpus
 from ..futhark import build as futhark_build
 from ..training.health import loss_warning
-from ..training.heldout import HoldoutSchedule, evaluate_if_due
+from ..training import protocol as rs
+from ..training.loop import LoopSettings, TrainingLoop
+from ..training.protocol import RunSpec
+from ..training.run_model import Phase
 from ..model.sampling import check_max_length, check_prefix_length, check_sample_args
 
 COMMANDS = ("demo", "bench", "sweep")
@@ -164,64 +166,112 @@ def run_demo(args) -> int:
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
         print(f"truncated: {note}")
-    try:
-        with builds_announced():
-            backend = open_backend(args.backend, model, train, corpus)
-    except ValueError as exc:  # the initial weights (--init-std)
-        raise with_flags(exc, DEMO_FLAGS) from None
-    try:
-        print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
-              f"n_head {model.n_head}, block_size {model.block_size}), {backend.num_params:,} params, "
-              f"backend {args.backend}, lr {train.learning_rate:g}{warmup_note(train)}, "
-              f"init_std {train.init_std:g}, seed {train.seed}")
-        docs = "document" if train.batch_size == 1 else "documents"
-        print(f"batch: {train.batch_size} {docs} per step; held out: {backend.holdout:,} documents, "
-              f"training on {backend.split.n_train:,}")
-        print(f"expected initial loss: ln({corpus.vocab_size}) = {math.log(corpus.vocab_size):.4f}")
-        report_every = max(1, args.steps // 10)
-        warned = False
-        schedule = HoldoutSchedule()  # its train_seconds: the ms/step figure's time
-        while not backend.finished:
-            mark = min(args.steps, (backend.step // report_every + 1) * report_every)
-            # bounded calls: one call's losses come back as one array
-            start = time.perf_counter()
-            losses = backend.train(min(mark - backend.step, MAX_STEPS_PER_CALL))
-            schedule.trained(time.perf_counter() - start)
-            if backend.step < mark:
-                continue
-            heldout = evaluate_if_due(backend, schedule, backend.finished)
-            print(f"step {backend.step:{len(str(args.steps))}d} / {args.steps} | loss {losses[-1]:.4f}"
-                  + (f" | held-out {heldout:.4f}" if heldout is not None else "")
-                  + f" | epoch {backend.epochs:.2f}", flush=True)
-            if not warned and (warning := loss_warning(backend.loss_history, corpus.vocab_size)):
-                print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
-                warned = True
-        history, elapsed = backend.loss_history, schedule.train_seconds
-        tail = history[-min(50, len(history)):]
-        print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
-              f"{1e3 * elapsed / args.steps:.3f} ms/step, {backend.names_seen / elapsed:,.0f} names/s)")
-        print(final_heldout_line(backend, schedule))
-        print("--- samples ---")
-        names = backend.sample(args.samples, args.temperature, train.seed, prefix=args.prefix,
-                               max_length=args.max_length)
-        for i, name in enumerate(names, start=1):
-            print(f"sample {i:2d}: {name}")
-    finally:
-        backend.close()
+    report = DemoReport(args, corpus.vocab_size)
+    # the first report line has a held-out loss, as demo always printed
+    settings = LoopSettings(end_when_finished=True, chunk_steps=report.next_chunk, delay_first_evaluation=False)
+    loop = report.loop = TrainingLoop(RunSpec(args.backend, corpus, model, train), report, settings)
+    with builds_announced():
+        loop.run()
+    if report.error is not None:
+        if report.failed_to_open and isinstance(report.error, ValueError):  # the initial weights (--init-std)
+            raise with_flags(report.error, DEMO_FLAGS) from None
+        raise report.error
     return 0
 
 
-def final_heldout_line(backend, schedule: HoldoutSchedule) -> str:
-    if backend.holdout == 0:
-        return "held-out loss: none (no documents held out: --holdout 0 or a dataset under 10 documents)"
-    history = backend.heldout_history
-    if not history or history[-1].step != backend.step:
-        evaluate_if_due(backend, schedule, backend.finished)
-        history = backend.heldout_history
-    best = min(history, key=lambda p: p.loss)
-    return (f"held-out loss: {history[-1].loss:.4f} over {backend.holdout:,} documents (best {best.loss:.4f} "
-            f"at step {best.step}; {backend.epochs:.2f} epochs, {backend.names_seen:,} names seen; "
-            f"evaluation took {schedule.eval_seconds:.2f} s in {schedule.evaluations} passes)")
+class DemoReport:
+    """demo's printing, from the training loop's events (called in the loop's thread,
+    which is the main thread: the loop runs in run_demo). Chunks end at the report
+    steps (a tenth of the run), so each line has the loss, and the held-out loss
+    when the loop evaluated it there; at the end the summary lines and the samples."""
+
+    def __init__(self, args, vocab_size: int):
+        self.args, self.vocab_size = args, vocab_size
+        self.loop: TrainingLoop | None = None
+        self.info = None  # the run's RunInfo, once open
+        self.report_every = max(1, args.steps // 10)
+        self.pending: tuple[int, float] | None = None  # a report step's (step, loss), printed once its evaluation is known
+        self.heldout: list = []  # every held-out point
+        self.warned = False
+        self.error: BaseException | None = None
+        self.failed_to_open = False
+
+    def next_chunk(self, loop) -> int:
+        """Up to the next report step, in bounded calls (one call's losses come back as one array)."""
+        mark = min(self.args.steps, (loop.step // self.report_every + 1) * self.report_every)
+        return min(mark - loop.step, MAX_STEPS_PER_CALL)
+
+    def __call__(self, event) -> None:
+        if isinstance(event, rs.Heldout):
+            self.heldout.extend(event.points)
+            if self.pending is not None and event.points[-1].step == self.pending[0]:
+                self._print_step(event.points[-1].loss)
+            return
+        if self.pending is not None:  # no evaluation at that step
+            self._print_step(None)
+        if isinstance(event, rs.Opened):
+            self._opened(event.info)
+        elif isinstance(event, rs.Losses) and len(event.losses):
+            step = event.first_step + len(event.losses)
+            if step % self.report_every == 0 or step == self.args.steps:
+                self.pending = (step, float(event.losses[-1]))
+        elif isinstance(event, rs.PhaseChanged) and event.phase == Phase.DONE and self.loop.step == self.args.steps:
+            self._finished()
+        elif isinstance(event, rs.Samples):
+            for i, name in enumerate(event.names, start=1):
+                print(f"sample {i:2d}: {name}")
+        elif isinstance(event, rs.Status) and self.info is not None:  # e.g. the held-out loss cannot be evaluated
+            print(f"warning: {event.text}", file=sys.stderr, flush=True)
+        elif isinstance(event, rs.Error) and self.error is None:
+            self.error = event.exception or RuntimeError(event.message)
+            self.failed_to_open = self.loop.phase == Phase.FAILED
+
+    def epochs(self, step: int) -> float:
+        return step * self.info.train.batch_size / self.info.train_docs
+
+    def _opened(self, info) -> None:
+        self.info = info
+        train, model, args = info.train, info.model, self.args
+        print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
+              f"n_head {model.n_head}, block_size {model.block_size}), {info.num_params:,} params, "
+              f"backend {args.backend}, lr {train.learning_rate:g}{warmup_note(train)}, "
+              f"init_std {train.init_std:g}, seed {train.seed}")
+        docs = "document" if train.batch_size == 1 else "documents"
+        print(f"batch: {train.batch_size} {docs} per step; held out: {info.holdout:,} documents, "
+              f"training on {info.train_docs:,}")
+        print(f"expected initial loss: ln({info.vocab_size}) = {math.log(info.vocab_size):.4f}")
+
+    def _print_step(self, heldout: float | None) -> None:
+        (step, loss), self.pending = self.pending, None
+        print(f"step {step:{len(str(self.args.steps))}d} / {self.args.steps} | loss {loss:.4f}"
+              + (f" | held-out {heldout:.4f}" if heldout is not None else "")
+              + f" | epoch {self.epochs(step):.2f}", flush=True)
+        if not self.warned and (warning := loss_warning(self.loop.loss_history(), self.vocab_size)):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)  # once, as soon as it shows
+            self.warned = True
+
+    def _finished(self) -> None:
+        args, loop = self.args, self.loop
+        history, elapsed = loop.loss_history(), loop.train_seconds
+        names_seen = args.steps * self.info.train.batch_size
+        tail = history[-min(50, len(history)):]
+        print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
+              f"{1e3 * elapsed / args.steps:.3f} ms/step, {names_seen / elapsed:,.0f} names/s)")
+        print(self._heldout_line(names_seen))
+        print("--- samples ---")
+        loop.send(rs.Sample(args.samples, args.temperature, self.info.train.seed, prefix=args.prefix,
+                            max_length=args.max_length))
+
+    def _heldout_line(self, names_seen: int) -> str:
+        if self.info.holdout == 0:
+            return "held-out loss: none (no documents held out: --holdout 0 or a dataset under 10 documents)"
+        if not self.heldout:
+            return "held-out loss: none (the evaluation failed: see the warning)"
+        last, best = self.heldout[-1], min(self.heldout, key=lambda p: p.loss)
+        schedule = self.loop.holdout_schedule
+        return (f"held-out loss: {last.loss:.4f} over {self.info.holdout:,} documents (best {best.loss:.4f} "
+                f"at step {best.step}; {self.epochs(self.args.steps):.2f} epochs, {names_seen:,} names seen; "
+                f"evaluation took {schedule.eval_seconds:.2f} s in {schedule.evaluations} passes)")
 
 
 # bench ---------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """The training worker's protocol, written once: the commands a window sends
 (`TrainingWorker.send`), the events it gets back (one `event` signal), and
 what a run is opened from. Plain dataclasses, Qt-free: engine.training.run_model's table
-says in which phase each command is allowed; gui.worker carries them out.
+says in which phase each command is allowed; engine.training.loop carries them out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -201,6 +201,8 @@ class Status(Event):
 class Error(Event):
     message: str
     details: str = ""  # e.g. a compiler's log (EngineError.details)
+    # what was raised, for a caller that reports it its own way (the command line)
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
