@@ -7,7 +7,7 @@ and the runner keeps the same table on disk (results.json).
     {"event": "trial_started", "trial": "a1b2c_00000", "settings": {...}}
     {"event": "trial_result", "trial": ..., "step": ..., "num_steps": ..., "names_seen": ...,
      "train_seconds": ..., "first_step": ..., "losses": [...], "block": 1,
-     "heldout": [[step, loss], ...], "checkpoint": path or null}
+     "heldout": [[step, loss], ...], "heldout_loss": ..., "node": ..., "checkpoint": path or null}
     {"event": "trial_ended", "trial": ..., "status": "done", "message": "", "checkpoint": path or null}
     {"event": "sweep_ended", "status": "done", "message": "", "seconds": ...}
     {"event": "error", "message": ...}   (the sweep cannot go on; sweep_ended follows)
@@ -101,6 +101,7 @@ class TrialRecord:
     train_seconds: float = 0.0
     message: str = ""
     checkpoint: str | None = None
+    node: str = ""                               # the Ray node it ran on
     losses: list = field(default_factory=list)   # (last step of the block, mean loss), by step
     heldout: list = field(default_factory=list)  # (step, loss), by step
 
@@ -118,10 +119,13 @@ class TrialRecord:
 
     def add_result(self, event: dict) -> None:
         first, block = int(event.get("first_step", self.step)), int(event.get("block", 1))
+        # a resumed trial goes on from its checkpoint: what it had after that step is replaced
+        while self.losses and self.losses[-1][0] > first:
+            self.losses.pop()
+        while self.heldout and self.heldout[-1][0] > first:
+            self.heldout.pop()
         for i, loss in enumerate(event.get("losses") or ()):
             end = min(first + (i + 1) * block, int(event.get("step", first)))
-            while self.losses and self.losses[-1][0] >= end:  # a resumed trial repeats steps
-                self.losses.pop()
             self.losses.append((end, math.nan if loss is None else float(loss)))
         for step, loss in event.get("heldout") or ():
             while self.heldout and self.heldout[-1][0] >= step:
@@ -134,6 +138,7 @@ class TrialRecord:
             self.train_seconds = float(event["train_seconds"])
         if event.get("checkpoint"):
             self.checkpoint = event["checkpoint"]
+        self.node = event.get("node") or self.node
         self.status = TrialStatus.RUNNING
 
     def summary(self) -> dict:
@@ -142,7 +147,7 @@ class TrialRecord:
                 "best_heldout": _none_if_nan(self.best_heldout), "final_heldout": _none_if_nan(self.final_heldout),
                 "steps": self.step, "num_steps": self.num_steps, "names_seen": self.names_seen,
                 "train_seconds": self.train_seconds, "names_per_s": _none_if_nan(self.names_per_second),
-                "checkpoint": self.checkpoint, "message": self.message}
+                "checkpoint": self.checkpoint, "node": self.node, "message": self.message}
 
 
 def _none_if_nan(value: float):

@@ -86,7 +86,10 @@ def run_trial(config: dict, base: TrialBase) -> None:
     except ValueError as exc:
         raise TrialFailed(f"these settings make no run: {exc}") from None
     limit_threads(base.cpus)
-    reporter = Reporter(base, tune.report, lambda path: tune.Checkpoint.from_directory(path))
+    import ray
+
+    reporter = Reporter(base, tune.report, lambda path: tune.Checkpoint.from_directory(path),
+                        node=ray.get_runtime_context().get_node_id())
     reporter.run(_open_spec(backend, model, train, base, tune.get_checkpoint(), reporter))
 
 
@@ -112,8 +115,9 @@ class Reporter:
     report(metrics, checkpoint=None) and make_checkpoint(folder) are Tune's (tests of
     the reporting itself may pass their own)."""
 
-    def __init__(self, base: TrialBase, report, make_checkpoint, clock=time.monotonic):
+    def __init__(self, base: TrialBase, report, make_checkpoint, clock=time.monotonic, node: str = ""):
         self.base, self._report, self._make_checkpoint, self._clock = base, report, make_checkpoint, clock
+        self.node = node  # the Ray node it runs on (its id)
         self.events: queue.Queue = queue.Queue()
         self.loop = None
         self.batch_size = 1
@@ -273,7 +277,7 @@ class Reporter:
                 "step": self.step, "num_steps": self.num_steps, "names_seen": self.names_seen,
                 "train_seconds": self.train_seconds, "first_step": self._first, "losses": losses,
                 "block": block, "heldout": self._new_heldout, "finished": self.finished,
-                "diverged": self.diverged}
+                "diverged": self.diverged, "node": self.node}
 
     def _flush(self, checkpoint: bool = False) -> None:
         """Report the pending chunk (with the checkpoint just saved)."""
