@@ -15,9 +15,10 @@ is rewritten after each trial ends, so nothing finished is lost when the
 sweep or the machine stops. DIR/tune is Tune's own experiment folder
 (checkpoints, the state --resume restores).
 
-With --commands it reads JSON lines on stdin: {"stop": "all"} ends the
-sweep, {"stop": TRIAL_ID} stops one trial; end of input (the parent has
-gone) ends the sweep. SIGTERM ends it as {"stop": "all"} does. The runner
+With --commands it reads JSON lines on stdin: {"stop": "all"} stops the
+sweep (resumable: Tune keeps its unfinished trials), {"stop": TRIAL_ID} stops
+one trial for good; end of input (the parent has gone) stops the sweep.
+SIGTERM stops it as {"stop": "all"} does. The runner
 makes itself a session leader, so a parent can end it and every process it
 started (Ray's included) by the session (engine.sweep.launch).
 
@@ -38,7 +39,7 @@ import time
 from pathlib import Path
 
 from .events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, SweepTable, to_line, write_json_atomic
-from .spec import SweepSpec, SweepSpecError, read_spec, space_size
+from .spec import Search, SweepSpec, SweepSpecError, read_spec, space_size
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 TUNE_FOLDER = "tune"
@@ -84,7 +85,7 @@ class EventSink:
             self.stream.flush()
         except (BrokenPipeError, OSError, ValueError):  # the parent has gone: the sweep ends
             self.stream_open = False
-            COMMANDS.stop_all.set()
+            COMMANDS.request_stop()
 
     def replay(self) -> None:
         """A resumed sweep: the events so far, to the stream only (they are in the file)."""
@@ -126,10 +127,21 @@ def events_stream():
 # ---- commands in -----------------------------------------------------------------------
 
 class Commands:
+    """Stop requests. Stopping the sweep interrupts Tune as its own SIGUSR1 handler does
+    (Ctrl-C's way): Tune saves the experiment with its unfinished trials as they are, so
+    --resume continues them (a Stopper's stop_all would end them for good)."""
+
     def __init__(self) -> None:
         self.stop_all = threading.Event()
         self.stop_trials: set[str] = set()
         self.cut: set[str] = set()  # trials ASHA stopped before they finished
+
+    def request_stop(self) -> None:
+        if self.stop_all.is_set():
+            return
+        self.stop_all.set()
+        if hasattr(signal, "SIGUSR1"):
+            os.kill(os.getpid(), signal.SIGUSR1)  # Tune's handler while it runs; ours (a no-op) else
 
     def read(self, lines) -> None:
         for line in lines:
@@ -139,10 +151,10 @@ class Commands:
                 continue
             target = command.get("stop") if isinstance(command, dict) else None
             if target == "all":
-                self.stop_all.set()
+                self.request_stop()
             elif isinstance(target, str):
                 self.stop_trials.add(target)
-        self.stop_all.set()  # end of input: the parent has gone
+        self.request_stop()  # end of input: the parent has gone
 
 
 COMMANDS = Commands()
@@ -234,7 +246,8 @@ def make_tuner(spec: SweepSpec, folder: Path, base, resume: bool):
     tune_config = tune.TuneConfig(metric=spec.metric, mode="min", num_samples=spec.trials,
                                   search_alg=space.search_algorithm(spec), scheduler=space.scheduler(spec),
                                   time_budget_s=spec.time_budget_s,
-                                  max_concurrent_trials=spec.max_concurrent, reuse_actors=False)
+                                  max_concurrent_trials=spec.max_concurrent if spec.search == Search.TPE else None,
+                                  reuse_actors=False)
     return tune.Tuner(trainable, param_space=space.param_space(spec), tune_config=tune_config,
                       run_config=run_config)
 
@@ -325,7 +338,9 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
     except ImportError:
         return end("failed", EXIT_FAILED, RAY_MISSING)
 
-    signal.signal(signal.SIGTERM, lambda *_: COMMANDS.stop_all.set())
+    signal.signal(signal.SIGTERM, lambda *_: COMMANDS.request_stop())
+    if hasattr(signal, "SIGUSR1"):  # a stop before Tune runs: noted (COMMANDS.stop_all), nothing else
+        signal.signal(signal.SIGUSR1, lambda *_: None)
     if args.commands:
         threading.Thread(target=COMMANDS.read, args=(sys.stdin,), name="commands", daemon=True).start()
     try:
@@ -345,8 +360,8 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
         if cpus < spec.cpus_per_trial:
             return end("failed", EXIT_FAILED, f"the Ray cluster has {cpus} CPUs: a trial needs "
                                               f"{spec.cpus_per_trial} ([resources] cpus_per_trial)")
-        tuner = make_tuner(spec, folder, base, args.resume)
-        tuner.fit()
+        if not COMMANDS.stop_all.is_set():
+            make_tuner(spec, folder, base, args.resume).fit()
     except Exception as exc:
         return end("failed", EXIT_FAILED, f"the sweep failed: {first_line(exc)}")
     finally:

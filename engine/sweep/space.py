@@ -42,9 +42,10 @@ def search_algorithm(spec: SweepSpec):
         from ray.tune.search.optuna import OptunaSearch
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=spec.seed))
-    # random sampling and grids (grid_search values) alike; reproducible with a seed
-    return BasicVariantGenerator(random_state=spec.seed)
+        return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=spec.seed))  # Tune limits it (max_concurrent)
+    # random sampling and grids (grid_search values) alike; reproducible with a seed. Tune
+    # ignores max_concurrent_trials for a generator it is given: it takes the limit itself.
+    return BasicVariantGenerator(random_state=spec.seed, max_concurrent=spec.max_concurrent or 0)
 
 
 class ReportingASHA(AsyncHyperBandScheduler):

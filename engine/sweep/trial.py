@@ -46,6 +46,9 @@ _CLOSED = object()               # put on the event queue when the loop's run() 
 # A trial's evaluations may take this share of its training time (a window's run: a tenth):
 # the held-out loss is what ASHA and the searcher compare, so it is measured more often.
 HELDOUT_SHARE = 0.25
+# Chunks shorter than this share of report_every_s (the loop's first chunks, one step and
+# doubling) go into one report with the next
+MIN_REPORT_SHARE = 0.5
 SAVE_FAILED = "could not save the checkpoint"  # how the loop's Error for a failed Save begins
 
 
@@ -131,6 +134,7 @@ class Reporter:
         self._first = 0                  # ...from this step
         self._new_heldout: list = []     # ...and its new held-out points
         self._pending = False            # a chunk waits to be reported
+        self._pending_s = 0.0            # ...of this many seconds of training
         self._end_reported = False       # a report said finished or diverged
         self._replaying = False          # a checkpoint's history is coming (a resumed trial)
         self._save_dir: str | None = None  # a Save sent, its Saved not come yet
@@ -181,7 +185,7 @@ class Reporter:
             elif isinstance(event, rs.Losses):
                 if self._replaying:
                     continue  # a checkpoint's history: reported before it was saved
-                if self._pending and self._save_dir is None:
+                if self._report_due():
                     self._flush()
                 self._add_losses(event)
             elif isinstance(event, rs.PhaseChanged):
@@ -208,6 +212,12 @@ class Reporter:
                 self.error = self.error or "the run could not be opened"
                 self._end_loop()
 
+    def _report_due(self) -> bool:
+        """A pending chunk goes out when the next comes, unless a checkpoint is being
+        written for it or it is too short to be worth a report of its own."""
+        return (self._pending and self._save_dir is None
+                and self._pending_s >= MIN_REPORT_SHARE * self.base.report_every_s)
+
     def _finish(self) -> None:
         """The run trained its last step (and the loop evaluated it): the final checkpoint,
         then the loop ends."""
@@ -228,6 +238,7 @@ class Reporter:
         self.step = event.first_step + len(event.losses)
         if not math.isnan(event.seconds):  # NaN: a diverged chunk's, not timed
             self.train_seconds += event.seconds
+            self._pending_s += event.seconds
         self._pending = True
         if self._checkpoint_due():
             self._save()
@@ -284,7 +295,7 @@ class Reporter:
         if not checkpoint and self.heldout_loss is None and not self.finished and not self.diverged:
             return  # no held-out loss yet: the chunks wait for the first evaluation
         metrics = self._metrics()
-        self._losses, self._new_heldout, self._pending = [], [], False
+        self._losses, self._new_heldout, self._pending, self._pending_s = [], [], False, 0.0
         self._end_reported = self.finished or self.diverged
         self._first = self.step
         if not checkpoint:

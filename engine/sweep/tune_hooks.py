@@ -68,7 +68,8 @@ class EventCallback(tune.Callback):
 
 
 class CommandStopper(Stopper):
-    """Stop asked on stdin (one trial, or all), read from runner.COMMANDS."""
+    """One trial's stop, asked on stdin (runner.COMMANDS). Stopping the whole sweep goes
+    through Tune's interrupt instead (runner.Commands.request_stop), which keeps it resumable."""
 
     def __getstate__(self):
         return {}
@@ -80,7 +81,7 @@ class CommandStopper(Stopper):
         return trial_id in runner.COMMANDS.stop_trials
 
     def stop_all(self):
-        return runner.COMMANDS.stop_all.is_set()
+        return False
 
 
 def checkpoint_file(trial_path: str, checkpoint_dir: str) -> str:
@@ -88,14 +89,25 @@ def checkpoint_file(trial_path: str, checkpoint_dir: str) -> str:
 
 
 def latest_checkpoint(trial) -> str | None:
+    """The trial's newest checkpoint file: Tune's, or the newest a result reported (a trial
+    stopped just after reporting one is ended before Tune has registered it)."""
     checkpoint = trial.checkpoint
-    return str(Path(checkpoint.path) / CHECKPOINT_FILE) if checkpoint is not None else None
+    if checkpoint is not None:
+        return str(Path(checkpoint.path) / CHECKPOINT_FILE)
+    record = runner.SINK.table.trials.get(trial.trial_id)
+    return record.checkpoint if record is not None else None
 
 
 def trial_error_message(trial) -> str:
-    """The one line that says why a trial failed (a TrialFailed's own message)."""
+    """The one line that says why a trial failed (a TrialFailed's own message), from the
+    error Tune just wrote beside the trial (its driver-side copy: storage syncs later)."""
+    error = None
     try:
-        error = trial.get_pickled_error()
+        if trial.pickled_error_file and Path(trial.pickled_error_file).exists():
+            import cloudpickle
+
+            with open(trial.pickled_error_file, "rb") as f:
+                error = cloudpickle.load(f)
     except Exception:
         error = None
     cause = getattr(error, "cause", None) or error
@@ -104,11 +116,11 @@ def trial_error_message(trial) -> str:
         if isinstance(cause, TrialFailed) and text:
             return text[0]
         name = type(cause).__name__
-        if name == "ActorDiedError" or "actor died" in " ".join(text).lower():
+        if "ActorDied" in name or "actor died" in " ".join(text).lower():
             return "the trial's process died (out of memory, or killed)"
         return f"{name}: {text[-1] if text else ''}".rstrip(": ")
     try:
-        text = (trial.get_error() or "").strip().splitlines()
-    except Exception:
+        text = Path(trial.error_file).read_text().strip().splitlines() if trial.error_file else []
+    except OSError:
         text = []
     return text[-1] if text else "the trial failed"
