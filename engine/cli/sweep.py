@@ -47,8 +47,6 @@ def run_sweep(args) -> int:
         return EXIT_USAGE
     if table.message and table.status.value == "failed":
         print(f"error: {table.message}", file=sys.stderr)
-        if not table.trials and process.stderr_tail:
-            print("\n".join(list(process.stderr_tail)[-5:]), file=sys.stderr)
         return EXIT_ERROR
     if code not in (EXIT_DONE, EXIT_STOPPED) and code != -signal.SIGINT:
         print(f"error: the sweep's runner ended with status {code}", file=sys.stderr)

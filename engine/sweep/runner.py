@@ -28,12 +28,14 @@ Exit status: 0 done, 1 failed (the message is the last "error" event),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -206,16 +208,39 @@ def connect(address: str | None, cpus: int | None) -> str:
         if is_loopback(host):  # else Ray picks this machine's network address, which a loopback cluster refuses
             kwargs["_node_ip_address"] = "127.0.0.1"
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="WARNING", **kwargs)
-    except ConnectionError as exc:
-        raise SweepError(f"cannot connect to the Ray cluster at {address}: {first_line(exc)}") from None
+        with stderr_kept() as logged:
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING", **kwargs)
     except Exception as exc:
-        if type(exc).__name__ == "AuthenticationError":
+        text = f"{exc}\n{''.join(logged)}"  # a refused token shows only in Ray's log lines
+        if type(exc).__name__ == "AuthenticationError" or "InvalidAuthToken" in text or "Unauthenticated" in text:
             raise SweepError(f"the Ray cluster at {address} refused this sweep's token: give the app the "
                              "cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
                              "`ray get-auth-token` on the head prints it) and RAY_AUTH_MODE=token") from None
+        if isinstance(exc, ConnectionError):
+            raise SweepError(f"cannot connect to the Ray cluster at {address}: {first_line(exc)}") from None
         raise
     return address
+
+
+@contextlib.contextmanager
+def stderr_kept():
+    """What this process writes to stderr (file descriptor 2: Ray's C++ too) inside the
+    block, kept in the list it yields as well as written to stderr."""
+    kept: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield kept
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            kept.append(log.read())
+            sys.stderr.write(kept[-1])
+            sys.stderr.flush()
 
 
 def first_line(exc: BaseException) -> str:
