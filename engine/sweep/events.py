@@ -4,9 +4,11 @@ window read the same lines (from the runner's stdout, or its events.jsonl),
 and the runner keeps the same table on disk (results.json).
 
     {"event": "sweep", "name": ..., "dir": ..., "address": ..., "cpus": ..., "resumed": false}
+    (every event also has "time": seconds since the runner started)
     {"event": "trial_started", "trial": "a1b2c_00000", "settings": {...}}
     {"event": "trial_result", "trial": ..., "step": ..., "num_steps": ..., "names_seen": ...,
-     "train_seconds": ..., "first_step": ..., "losses": [...], "block": 1,
+     "train_seconds": ..., "eval_seconds": ..., "wall_seconds": ..., "first_step": ...,
+     "losses": [...], "block": 1,
      "heldout": [[step, loss], ...], "heldout_loss": ..., "node": ..., "checkpoint": path or null}
     {"event": "trial_ended", "trial": ..., "status": "done", "message": "", "checkpoint": path or null}
     {"event": "sweep_ended", "status": "done", "message": "", "seconds": ...}

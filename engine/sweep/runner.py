@@ -62,6 +62,7 @@ class EventSink:
 
     def __init__(self, stream, folder: Path):
         self.stream, self.folder = stream, folder
+        self.started = time.monotonic()
         self.table = SweepTable()
         self.run_fields: dict = {}
         self.stream_open = True
@@ -69,6 +70,7 @@ class EventSink:
         self._file = open(folder / EVENTS_FILE, "a", encoding="utf-8")
 
     def emit(self, event: dict, to_file: bool = True) -> None:
+        event.setdefault("time", round(time.monotonic() - self.started, 3))  # seconds since the runner began
         line = to_line(event)
         with self._lock:
             self.table.apply(json.loads(line))

@@ -275,6 +275,11 @@ class Reporter:
         shutil.rmtree(self._save_dir, ignore_errors=True)
         self._save_dir = None
 
+    def _eval_seconds(self) -> float:
+        """Held-out evaluations' time in this process (the loop's schedule keeps it)."""
+        schedule = getattr(self.loop, "holdout_schedule", None)
+        return float(schedule.eval_seconds) if schedule is not None else 0.0
+
     @property
     def names_seen(self) -> int:
         return self.step * self.batch_size
@@ -286,7 +291,8 @@ class Reporter:
             heldout = math.inf  # the worst: ASHA cuts it, TPE learns to avoid its settings
         return {"heldout_loss": heldout, "train_loss": losses[-1] if losses else math.nan,
                 "step": self.step, "num_steps": self.num_steps, "names_seen": self.names_seen,
-                "train_seconds": self.train_seconds, "first_step": self._first, "losses": losses,
+                "train_seconds": self.train_seconds, "eval_seconds": self._eval_seconds(),
+                "first_step": self._first, "losses": losses,
                 "block": block, "heldout": self._new_heldout, "finished": self.finished,
                 "diverged": self.diverged, "node": self.node}
 

@@ -32,7 +32,7 @@ class EventCallback(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         event = {"event": "trial_result", "trial": trial.trial_id}
         for key in ("step", "num_steps", "names_seen", "train_seconds", "first_step", "losses", "block",
-                    "heldout", "heldout_loss", "train_loss", "node"):
+                    "heldout", "heldout_loss", "train_loss", "node", "eval_seconds"):
             if key in result:
                 event[key] = result[key]
         event["wall_seconds"] = result.get("time_total_s")
