@@ -32,12 +32,13 @@ def test_the_shipped_examples_read_and_are_package_data():
     names = examples()
     assert "quick" in names and len(names) >= 2
     for name in names:
-        spec = read_spec(EXAMPLES / f"{name}.toml")
-        assert spec.scheduler.kind == "asha" and spec.name
+        assert read_spec(EXAMPLES / f"{name}.toml").name == name
     assert find_spec_file("quick") == EXAMPLES / "quick.toml"
     assert find_spec_file("quick.toml") == EXAMPLES / "quick.toml"
     quick = read_spec(EXAMPLES / "quick.toml")
-    assert quick.trials >= 4 and quick.run["preset"] == "tiny"
+    assert quick.trials >= 4 and quick.run["preset"] == "tiny" and quick.scheduler.kind == "asha"
+    presets = read_spec(EXAMPLES / "presets.toml")  # the scaling study as a sweep
+    assert space_size(presets) == 5 and presets.space["preset"].values[0] == "tiny"
 
 
 def test_a_minimal_file_takes_the_defaults():
