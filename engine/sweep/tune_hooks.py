@@ -116,6 +116,9 @@ def trial_error_message(trial) -> str:
         if isinstance(cause, TrialFailed) and text:
             return text[0]
         name = type(cause).__name__
+        if "Unable to set up cluster storage" in str(cause):
+            return ("the trial's node cannot write the sweep's folder: on a cluster, give --dir on a "
+                    "filesystem every node mounts (NFS)")
         if "ActorDied" in name or "actor died" in " ".join(text).lower():
             return "the trial's process died (out of memory, or killed)"
         return f"{name}: {text[-1] if text else ''}".rstrip(": ")
