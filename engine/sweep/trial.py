@@ -163,6 +163,8 @@ class Reporter:
     def _run_loop(self) -> None:
         try:
             self.loop.run()
+        except Exception as exc:  # a bug: the trial fails with it, the sweep goes on
+            self.error = f"the training loop failed: {type(exc).__name__}: {exc}"
         finally:
             self.events.put(_CLOSED)
 
