@@ -137,6 +137,8 @@ class Reporter:
         self._pending_s = 0.0            # ...of this many seconds of training
         self._end_reported = False       # a report said finished or diverged
         self._replaying = False          # a checkpoint's history is coming (a resumed trial)
+        self._heldout_step = -1          # the step of the newest held-out evaluation
+        self._finishing = False          # trained to the end; waiting for its last evaluation
         self._save_dir: str | None = None  # a Save sent, its Saved not come yet
         self._last_checkpoint = clock()
         self._milestones = sorted(base.milestones)
@@ -193,13 +195,17 @@ class Reporter:
             elif isinstance(event, rs.PhaseChanged):
                 self._replaying = False
                 if event.phase == "done" and self.step >= self.num_steps and not self.finished:
-                    self._finish()
+                    self._finish_when_evaluated()
             elif isinstance(event, rs.Heldout):
                 self._add_heldout(event)
+                if self._finishing and self._heldout_step >= self.step:
+                    self._finish()
+            elif isinstance(event, rs.Status) and self._finishing:
+                self._finish()  # e.g. "Cannot evaluate the held-out loss": no evaluation is coming
             elif isinstance(event, rs.Saved):
                 self._flush(checkpoint=True)
             elif isinstance(event, rs.Finished) and not self.finished:
-                self._finish()
+                self._finish_when_evaluated()
             elif isinstance(event, rs.Diverged):
                 self.diverged = True
                 self._end_loop()
@@ -220,9 +226,19 @@ class Reporter:
         return (self._pending and self._save_dir is None
                 and self._pending_s >= MIN_REPORT_SHARE * self.base.report_every_s)
 
+    def _finish_when_evaluated(self) -> None:
+        """The run trained its last step: finish once its held-out loss is evaluated there
+        (a Save sent meanwhile cuts the loop's last evaluation short; the loop makes it
+        again once the Save is written, while nothing else waits)."""
+        self._finishing = True
+        if self._heldout_step >= self.step:
+            self._finish()
+
     def _finish(self) -> None:
         """The run trained its last step (and the loop evaluated it): the final checkpoint,
         then the loop ends."""
+        if self.finished:
+            return
         self.finished = True
         self._save()
         self._end_loop()
@@ -249,11 +265,12 @@ class Reporter:
         points = list(event.points)
         if event.replacing:  # a checkpoint's history: its newest is where the trial stands
             if points:
-                self.heldout_loss = points[-1].loss
+                self.heldout_loss, self._heldout_step = points[-1].loss, int(points[-1].step)
             return
         for point in points:
             self._new_heldout.append([int(point.step), float(point.loss)])
             self.heldout_loss = float(point.loss)
+            self._heldout_step = int(point.step)
 
     def _checkpoint_due(self) -> bool:
         if self._save_dir is not None or self.heldout_loss is None and not self._new_heldout:
