@@ -161,4 +161,3 @@ def test_a_trial_that_cannot_open_fails_with_the_reason(names_corpus, tmp_path):
         run_reporter(trial_base(names_corpus), tmp_path, backend="nope")
     with pytest.raises(TrialFailed, match="holds out no documents"):
         run_reporter(trial_base(names_corpus), tmp_path, settings={**SETTINGS, "holdout": 0})
-
