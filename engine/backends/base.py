@@ -99,18 +99,34 @@ class HeldoutEvaluation:
         documents: True raises Cancelled (nothing recorded)."""
         if self.holdout == 0:
             raise ValueError("this run holds out no documents (holdout 0): there is no held-out loss")
-        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, self.split.longest))
         total, count = 0.0, 0
-        for batch in self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc))):
-            if cancel is not None and cancel():
-                raise Cancelled("the held-out evaluation was cancelled")
-            total += float(np.sum(np.asarray(self._doc_losses(batch), dtype=np.float64)))
-            count += batch.positions
+        for positions, sums in self._heldout_doc_losses(cancel):
+            total += float(np.sum(np.asarray(sums, dtype=np.float64)))
+            count += positions
         loss = total / count
         if self._heldout and self._heldout[-1].step == self.step:  # evaluated again: same parameters
             self._heldout.pop()
         self._heldout.append(HeldoutPoint(self.step, loss))
         return loss
+
+
+    def heldout_batches(self):
+        """The held-out documents in padded batches, as many at a time as
+        EVAL_MAX_DOCS and EVAL_BYTES allow (a generator)."""
+        per_doc = max(1, step_activation_bytes(self.model, self.corpus.vocab_size, self.split.longest))
+        return self.split.heldout_batches(max(1, min(EVAL_MAX_DOCS, EVAL_BYTES // per_doc)))
+
+    def _heldout_doc_losses(self, cancel: Callable[[], bool] | None):
+        """(real positions, each document's summed loss) of each held-out batch in
+        turn, by _doc_losses; cancel() is asked before each batch."""
+        for batch in self.heldout_batches():
+            if cancel is not None and cancel():
+                raise Cancelled("the held-out evaluation was cancelled")
+            yield batch.positions, self._doc_losses(batch)
+
+    def prepare_heldout(self) -> None:
+        """Get ready to evaluate the held-out loss soon (a caller that will evaluate
+        says so after opening; a backend that evaluates elsewhere starts that now)."""
 
 
 class Backend(HeldoutEvaluation, ABC):

@@ -2,7 +2,9 @@
 
 Parameters, gradients and both Adam moments each live in one flat buffer,
 so a step allocates nothing proportional to the model beyond activations.
-CuPy's backend subclasses this with another array module.
+CuPy's backend subclasses this with another array module. The held-out loss
+is computed by the same code in a child process (engine.backends.heldout_process),
+where a busy thread of this process cannot slow it down.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import heldout_process
 from .blas import one_blas_thread
 from .heap import keep_freed_memory
 from ..model.gpt import ADAM_BLOCK, Weights, adam_update, doc_losses, loss_and_grad
@@ -54,6 +57,9 @@ class NumpyBackend(Backend):
 
     def _setup(self, params: np.ndarray) -> None:
         xp, n = self.xp, self.num_params
+        # the held-out evaluation's child-process session: None until the first
+        # evaluation, False once evaluations run in this process
+        self._heldout_session = None
         self.p = xp.asarray(params).copy()
         self.g = xp.zeros(n, dtype=xp.float32)
         self.m = xp.zeros(n, dtype=xp.float32)
@@ -91,6 +97,47 @@ class NumpyBackend(Backend):
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._heldout_session:
+            self._heldout_session.close()
+        self._heldout_session = None
+
+    # the held-out loss, computed in a child process (engine.backends.heldout_process) ----------
+    heldout_in_child = True  # False: evaluate in this process (scripts/loop_latency.py compares)
+
+    def _evaluates_in_child(self) -> bool:
+        """NumPy's own evaluation (not a subclass's or a replacement's, not on a GPU),
+        where the child can run: it computes what this module's _doc_losses does."""
+        return (self.heldout_in_child and self.xp is np and type(self)._doc_losses is _DOC_LOSSES
+                and getattr(self, "_heldout_session", None) is not False and self.holdout > 0)
+
+    def memory_needs(self) -> list[tuple[str, int]]:
+        needs = super().memory_needs()
+        if self._evaluates_in_child():
+            needs.append(("a copy of the parameters for the held-out evaluation's process", 4 * self.num_params))
+        return needs
+
+    def prepare_heldout(self) -> None:
+        """Start the child now: it imports NumPy while this run trains."""
+        if self._evaluates_in_child():
+            try:
+                heldout_process.shared()
+            except heldout_process.Unavailable:
+                self._heldout_session = False
+
+    def _heldout_doc_losses(self, cancel):
+        if self._evaluates_in_child():
+            try:
+                if self._heldout_session is None:
+                    self._heldout_session = heldout_process.Session(
+                        self.model, self.corpus.vocab_size, self.num_params, self._small_products(),
+                        list(self.heldout_batches()))
+                sums = self._heldout_session.doc_losses(self.p, cancel)
+                return zip(self._heldout_session.positions, sums)
+            except (heldout_process.Unavailable, OSError):  # evaluate here, as before, from now on
+                if self._heldout_session:
+                    self._heldout_session.close()
+                self._heldout_session = False
+        return super()._heldout_doc_losses(cancel)
 
     def _to_host(self, arr) -> np.ndarray:
         return np.array(arr, dtype=np.float32, copy=True)
@@ -166,3 +213,5 @@ class NumpyBackend(Backend):
         self.m[...] = self.xp.asarray(state.m)
         self.v[...] = self.xp.asarray(state.v)
 
+
+_DOC_LOSSES = NumpyBackend._doc_losses  # what the held-out process computes

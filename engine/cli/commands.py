@@ -21,7 +21,7 @@ import numpy as np
 from ..bench import measure as bench
 from ..bench import to_loss as bench_loss
 from ..bench import report as bench_report
-from ..backends import BackendError, TrainingDiverged, probe_backend
+from ..backends import BackendError, TrainingDiverged, open_backend, probe_backend
 from ..data.split import resolve_holdout
 from .args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
 from .checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
@@ -166,9 +166,10 @@ def run_demo(args) -> int:
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
         print(f"truncated: {note}")
-    report = DemoReport(args, corpus.vocab_size)
+    report = DemoReport(args, train.num_steps, corpus.vocab_size)
     # the first report line has a held-out loss, as demo always printed
-    settings = LoopSettings(end_when_finished=True, chunk_steps=report.next_chunk, delay_first_evaluation=False)
+    settings = LoopSettings(end_when_finished=True, chunk_steps=report.next_chunk, delay_first_evaluation=False,
+                            opener=open_demo_backend)
     loop = report.loop = TrainingLoop(RunSpec(args.backend, corpus, model, train), report, settings)
     with builds_announced():
         loop.run()
@@ -179,17 +180,22 @@ def run_demo(args) -> int:
     return 0
 
 
+def open_demo_backend(spec: RunSpec):
+    """The training loop's opener for demo: a fresh backend (this module's open_backend)."""
+    return open_backend(spec.backend, spec.model, spec.train, spec.corpus)
+
+
 class DemoReport:
     """demo's printing, from the training loop's events (called in the loop's thread,
     which is the main thread: the loop runs in run_demo). Chunks end at the report
     steps (a tenth of the run), so each line has the loss, and the held-out loss
     when the loop evaluated it there; at the end the summary lines and the samples."""
 
-    def __init__(self, args, vocab_size: int):
-        self.args, self.vocab_size = args, vocab_size
+    def __init__(self, args, steps: int, vocab_size: int):
+        self.args, self.steps, self.vocab_size = args, steps, vocab_size
         self.loop: TrainingLoop | None = None
         self.info = None  # the run's RunInfo, once open
-        self.report_every = max(1, args.steps // 10)
+        self.report_every = max(1, steps // 10)
         self.pending: tuple[int, float] | None = None  # a report step's (step, loss), printed once its evaluation is known
         self.heldout: list = []  # every held-out point
         self.warned = False
@@ -198,7 +204,7 @@ class DemoReport:
 
     def next_chunk(self, loop) -> int:
         """Up to the next report step, in bounded calls (one call's losses come back as one array)."""
-        mark = min(self.args.steps, (loop.step // self.report_every + 1) * self.report_every)
+        mark = min(self.steps, (loop.step // self.report_every + 1) * self.report_every)
         return min(mark - loop.step, MAX_STEPS_PER_CALL)
 
     def __call__(self, event) -> None:
@@ -213,9 +219,9 @@ class DemoReport:
             self._opened(event.info)
         elif isinstance(event, rs.Losses) and len(event.losses):
             step = event.first_step + len(event.losses)
-            if step % self.report_every == 0 or step == self.args.steps:
+            if step % self.report_every == 0 or step == self.steps:
                 self.pending = (step, float(event.losses[-1]))
-        elif isinstance(event, rs.PhaseChanged) and event.phase == Phase.DONE and self.loop.step == self.args.steps:
+        elif isinstance(event, rs.PhaseChanged) and event.phase == Phase.DONE and self.loop.step == self.steps:
             self._finished()
         elif isinstance(event, rs.Samples):
             for i, name in enumerate(event.names, start=1):
@@ -243,7 +249,7 @@ class DemoReport:
 
     def _print_step(self, heldout: float | None) -> None:
         (step, loss), self.pending = self.pending, None
-        print(f"step {step:{len(str(self.args.steps))}d} / {self.args.steps} | loss {loss:.4f}"
+        print(f"step {step:{len(str(self.steps))}d} / {self.steps} | loss {loss:.4f}"
               + (f" | held-out {heldout:.4f}" if heldout is not None else "")
               + f" | epoch {self.epochs(step):.2f}", flush=True)
         if not self.warned and (warning := loss_warning(self.loop.loss_history(), self.vocab_size)):
@@ -253,10 +259,10 @@ class DemoReport:
     def _finished(self) -> None:
         args, loop = self.args, self.loop
         history, elapsed = loop.loss_history(), loop.train_seconds
-        names_seen = args.steps * self.info.train.batch_size
+        names_seen = self.steps * self.info.train.batch_size
         tail = history[-min(50, len(history)):]
         print(f"final loss: {history[-1]:.4f} (mean of the last {len(tail)} steps: {np.mean(tail):.4f}; "
-              f"{1e3 * elapsed / args.steps:.3f} ms/step, {names_seen / elapsed:,.0f} names/s)")
+              f"{1e3 * elapsed / self.steps:.3f} ms/step, {names_seen / elapsed:,.0f} names/s)")
         print(self._heldout_line(names_seen))
         print("--- samples ---")
         loop.send(rs.Sample(args.samples, args.temperature, self.info.train.seed, prefix=args.prefix,
@@ -270,7 +276,7 @@ class DemoReport:
         last, best = self.heldout[-1], min(self.heldout, key=lambda p: p.loss)
         schedule = self.loop.holdout_schedule
         return (f"held-out loss: {last.loss:.4f} over {self.info.holdout:,} documents (best {best.loss:.4f} "
-                f"at step {best.step}; {self.epochs(self.args.steps):.2f} epochs, {names_seen:,} names seen; "
+                f"at step {best.step}; {self.epochs(self.steps):.2f} epochs, {names_seen:,} names seen; "
                 f"evaluation took {schedule.eval_seconds:.2f} s in {schedule.evaluations} passes)")
 
 

@@ -174,6 +174,8 @@ class TrainingLoop:
             b = self.backend
             if self._ending.is_set():  # ended while it was opening: nobody waits for it
                 return
+            if self._evaluating and (prepare := getattr(b, "prepare_heldout", None)) is not None:
+                prepare()
             self.step = b.step
             self._emit(rs.Opened(RunInfo(b.name, b.model, b.train_config, b.num_params, b.corpus.vocab_size,
                                          len(b.corpus), b.step, b.holdout), self.spec.checkpoint is not None))
@@ -235,7 +237,8 @@ class TrainingLoop:
                 self._handle(command)
             elif self.phase == Phase.RUNNING:
                 self._train_chunk()
-                time.sleep(0)  # hand the GIL to another thread (a window's) if it is waiting
+                if threading.active_count() > 1:
+                    time.sleep(0)  # hand the GIL to another thread (a window's) if it is waiting
 
     def _handle(self, command: rs.Command) -> None:
         if isinstance(command, rs.Stop):
