@@ -177,7 +177,8 @@ def test_stop_one_trial_then_all_and_resume_without_the_finished(ray_folder):
     assert run.until(lambda e: e["event"] == "trial_ended")["trial"] == first
     second = run.until(lambda e: e["event"] == "trial_result" and e.get("checkpoint"))["trial"]
     assert second != first
-    run.process.stop()  # the whole sweep: Tune saves its state
+    run.until(lambda e: e["event"] == "trial_result" and e["trial"] == second and not e.get("checkpoint"))
+    run.process.stop()  # the whole sweep: Tune saves its state, with the checkpoint it has taken in
     assert run.finish() == 3
     assert run.events[-1]["status"] == "stopped"
     ended = {e["trial"]: e["status"] for e in run.of("trial_ended")}
