@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -213,3 +214,17 @@ def test_events_read_back_from_a_file_cut_short(tmp_path):
     ev.write_json_atomic(tmp_path / "r.json", {"x": [1.0, math.nan]})
     assert json.loads((tmp_path / "r.json").read_text()) == {"x": [1.0, None]}
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_cluster_addresses_are_host_and_port():
+    from engine.sweep.runner import SweepError, is_loopback, split_address
+
+    assert split_address("127.0.0.1:6379") == ("127.0.0.1", 6379)
+    assert split_address("head.example:10001") == ("head.example", 10001)
+    assert split_address("[::1]:6379") == ("::1", 6379)
+    for bad, words in (("head", "is no Ray address: give HOST:PORT"), ("head:0", "is no Ray address"),
+                       ("head:port", "is no Ray address"), ("ray://head:10001", "Ray Client (ray://)")):
+        with pytest.raises(SweepError, match=re.escape(words)):
+            split_address(bad)
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("192.0.2.2") and not is_loopback("head.example")

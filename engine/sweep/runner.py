@@ -167,6 +167,10 @@ COMMANDS = Commands()
 # ---- Ray -------------------------------------------------------------------------------
 
 def split_address(address: str) -> tuple[str, int]:
+    if "://" in address:
+        raise SweepError(f"--address {address!r}: give the head's HOST:PORT (its GCS port, 6379 unless "
+                         "`ray start --head --port` chose another); Ray Client (ray://) and dashboard (http://) "
+                         "addresses are not used")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise SweepError(f"--address {address!r} is no Ray address: give HOST:PORT (the head's GCS port, "
