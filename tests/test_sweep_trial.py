@@ -110,7 +110,7 @@ def test_checkpoints_at_the_rungs_and_the_end_load(names_corpus, direct, tmp_pat
 
 
 def test_a_resumed_trial_goes_on_from_its_checkpoint(names_corpus, direct, tmp_path):
-    from ray import tune
+    tune = pytest.importorskip("ray.tune", reason="a Tune checkpoint needs Ray: pip install -e '.[test]'")
 
     losses, heldout, params = direct
     _, first = run_reporter(trial_base(names_corpus), tmp_path / "first")
