@@ -3,6 +3,7 @@
     microgpt-gui [--data FILE] [...]  open the window
     microgpt-gui demo [...]           train and sample in the terminal
     microgpt-gui bench [...]          measure the backends
+    microgpt-gui sweep [...]          a hyperparameter sweep on Ray Tune
 
 The window's options are parsed and checked (engine.cli.commands.window_args) before
 Qt is imported, so --help, --version and every error need no display and no Qt.

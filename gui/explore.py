@@ -29,8 +29,9 @@ from .next_char_panel import NextCharPanel
 from .run_list import RunListPanel
 from .sample_panel import SamplePanel
 from .scaling_study import ScalingStudyDialog
+from .sweep_panel import SweepPanel
 
-TAB_SHORTCUTS = "Ctrl+1 Ctrl+2 Ctrl+3 Ctrl+4 Ctrl+5".split()
+TAB_SHORTCUTS = "Ctrl+1 Ctrl+2 Ctrl+3 Ctrl+4 Ctrl+5 Ctrl+6".split()
 
 
 class ExploreController(QObject):
@@ -45,6 +46,7 @@ class ExploreController(QObject):
         self.attention_panel = AttentionPanel(self.inspect_hub)
         self.char_map_panel = CharMapPanel(self.inspect_hub)
         self.run_list = RunListPanel(smoothing=loss_plot.smoothing)
+        self.sweep_panel = SweepPanel()
         self.run_record: RunRecord | None = None  # the current run's, in run_list.runs
         self.scaling_dialog: ScalingStudyDialog | None = None
         self._scaling_data_path: str | None = None
@@ -55,7 +57,8 @@ class ExploreController(QObject):
                 (self.next_char_panel, "&Next character", "What the model expects after a prefix"),
                 (self.attention_panel, "&Attention", "Where each position of a name looks"),
                 (self.char_map_panel, "Character &map", "The characters' embeddings in two dimensions"),
-                (self.run_list, "R&uns", "Every run of this session; overlay their loss curves")):
+                (self.run_list, "R&uns", "Every run of this session; overlay their loss curves"),
+                (self.sweep_panel, "S&weep", "Sweeps of many runs on Ray Tune, here or on a cluster")):
             self.tabs.setTabToolTip(self.tabs.addTab(page, title), tip)
         self.tabs.currentChanged.connect(self.update_snapshot_wish)
 
@@ -64,6 +67,7 @@ class ExploreController(QObject):
         sample_panel.samples_list.itemActivated.connect(lambda item: self.show_attention(item.text()))
         sample_panel.samples_list.setToolTip("Generated names (double-click: show its attention)")
         loss_plot.smoothingChanged.connect(self.run_list.set_smoothing)
+        self._connect_sweeps()
         run.subscribe(self._on_model)
 
     def build_menus(self) -> None:
@@ -184,7 +188,17 @@ class ExploreController(QObject):
             self.run_list.run_ended(record)
         self.inspect_hub.set_snapshot(None)
 
+    def _connect_sweeps(self) -> None:
+        """A sweep's trials are runs of the Runs tab; Load trial loads one into the window."""
+        sweeps = self.sweep_panel
+        sweeps.runAdded.connect(self.run_list.add_run)
+        sweeps.runChanged.connect(self.run_list.update_run)
+        sweeps.runEnded.connect(self.run_list.run_ended)
+        sweeps.loadRequested.connect(self._host.load_checkpoint)
+        sweeps.messageShown.connect(lambda kind, title, text: self.notify.show_message(kind, title, text))
+
     def close(self) -> None:
+        self.sweep_panel.shutdown()  # the sweep stops; its processes end soon after
         self.inspect_hub.close(timeout_s=0)  # daemon threads: asked to stop, never waited for
         if self.scaling_dialog is not None:
             self.scaling_dialog.close()

@@ -51,6 +51,11 @@ def register_backend(name: str, probe, opener) -> None:
     _REGISTRY[name] = (probe, opener)
 
 
+def backend_names() -> tuple[str, ...]:
+    """Every backend's name, without probing any."""
+    return tuple(_REGISTRY)
+
+
 def list_backends() -> list[BackendInfo]:
     return [BackendInfo(name, *probe_backend(name)) for name in _REGISTRY]
 
@@ -93,7 +98,7 @@ def load_checkpoint(checkpoint, backend: str = "numpy", num_steps: int | None = 
 
 
 __all__ = ["Backend", "BackendError", "BackendInfo", "TrainingDiverged", "TrainState",
-           "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
+           "backend_names", "list_backends", "load_checkpoint", "open_backend", "probe_backend", "register_backend"]
 
 from .futhark_backend import FUTHARK_BACKENDS  # noqa: E402  (imports nothing heavy)
 

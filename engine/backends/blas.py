@@ -70,3 +70,13 @@ def one_blas_thread(enabled: bool = True):
         yield
     finally:
         setter(before)
+
+
+def set_blas_threads(threads: int) -> bool:
+    """OpenBLAS's thread count for the rest of the process (a sweep trial: one per CPU it
+    holds); False where no OpenBLAS was found."""
+    functions = thread_functions()
+    if functions is None:
+        return False
+    functions[0](max(1, int(threads)))
+    return True

@@ -34,11 +34,18 @@ ADAM_MAX_THREADS = 4
 BATCH_BLAS_THREADS_FROM = 1 << 20
 
 
+# The most cores this process may use, when set: a sweep trial holds some CPUs of a
+# shared machine and runs one thread per CPU it holds (engine.sweep.trial).
+CPUS_ENV = "MICROGPT_CPUS"
+
+
 def usable_cores() -> int:
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    limit = os.environ.get(CPUS_ENV, "").strip()
+    return min(cores, int(limit)) if limit.isdigit() and int(limit) >= 1 else cores
 
 
 class NumpyBackend(Backend):

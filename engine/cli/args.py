@@ -14,6 +14,7 @@ from pathlib import Path
 from ..bench import to_loss as bench_loss
 from ..bench import timing as bench_timing
 from ..config import DEFAULT_PRESET, FIELD_LIMITS, PRESETS, get_preset, limit_problem
+from ..sweep.spec import examples as sweep_examples
 
 EXIT_ERROR = 1  # cannot run here (backend, display), or training failed
 EXIT_USAGE = 2  # bad arguments or data (argparse's status too)
@@ -145,6 +146,8 @@ without a window:
   microgpt-gui demo   train, then print samples in the terminal (microgpt-gui demo --help)
   microgpt-gui bench  measure ms/step, sampling and memory per backend and preset
                       (microgpt-gui bench --help)
+  microgpt-gui sweep  a hyperparameter sweep on Ray Tune, here or on a cluster
+                      (microgpt-gui sweep --help)
 
 Exit status: 0 done; 1 cannot run here (no display, a backend that cannot
 run) or, with --quit-when-done, the run failed; 2 bad arguments."""
@@ -152,7 +155,8 @@ run) or, with --quit-when-done, the run failed; 2 bad arguments."""
 
 def window_parser() -> OneLineParser:
     parser = OneLineParser(
-        prog="microgpt-gui", usage="%(prog)s [options]\n       %(prog)s demo [...]\n       %(prog)s bench [...]",
+        prog="microgpt-gui", usage="%(prog)s [options]\n       %(prog)s demo [...]\n       %(prog)s bench [...]\n"
+              "       %(prog)s sweep [...]",
         description="Train and sample microgpt in a window.", epilog=HEADLESS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -229,4 +233,26 @@ def build_parser() -> OneLineParser:
     bench_cmd.add_argument("--run-steps", type=setting("train.num_steps"), metavar="N",
                            help="with --to-loss: the run's steps, over which the learning rate decays "
                                 "(default: the preset's)")
+
+    sweep = commands.add_parser(
+        "sweep", help="a hyperparameter sweep on Ray Tune (local, or a cluster by --address)",
+        description="Run the trials of a sweep file (a search space over the run's fields, a search, ASHA "
+                    "early stopping, a budget) on Ray Tune: a local Ray by default, a cluster with --address. "
+                    "Prints a line as each trial starts and ends, and a table at the end. Ctrl-C stops the "
+                    "sweep; --resume DIR continues it. "
+                    "Needs Ray: pip install 'microgpt-gui[sweep]'.")
+    sweep.add_argument("spec", nargs="?", type=Path, metavar="SWEEP.toml",
+                       help="the sweep file, or a shipped example's name: "
+                       f"{', '.join(sweep_examples())} (not needed with --resume)")
+    sweep.add_argument("--address", metavar="ADDR",
+                       help="a Ray cluster's address, HOST:PORT of its head (ray start --head), or 'auto' on a "
+                            "node of the cluster (default: a local Ray on this machine's CPUs)")
+    sweep.add_argument("--resume", type=Path, metavar="DIR", help="continue the stopped sweep in DIR; "
+                       "finished trials are kept, unfinished ones go on from their last checkpoint")
+    sweep.add_argument("--dir", type=Path, metavar="DIR",
+                       help="the new sweep's folder: events, results, checkpoints (default: "
+                            "sweeps/NAME-DATE-TIME in microgpt-gui's data folder)")
+    sweep.add_argument("--json", type=Path, metavar="FILE",
+                       help="also write the results: one record per trial (settings, status, best and final "
+                            "held-out loss, steps, names/s)")
     return parser

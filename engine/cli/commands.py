@@ -1,5 +1,5 @@
 """The command line: the window's options checked before Qt starts, and
-`microgpt-gui demo` and `microgpt-gui bench` run.
+`microgpt-gui demo` and `microgpt-gui bench` run (`microgpt-gui sweep`: engine.cli.sweep).
 
 Checking and printing only; the parsers are engine.cli.args's, the work is the
 engine's (backends, data) and engine.bench.measure's, and the window is gui.app's
@@ -34,7 +34,7 @@ from ..training.protocol import RunSpec
 from ..training.run_model import Phase
 from ..model.sampling import check_max_length, check_prefix_length, check_sample_args
 
-COMMANDS = ("demo", "bench")
+COMMANDS = ("demo", "bench", "sweep")
 MAX_STEPS_PER_CALL = 100_000  # demo's train(k) calls: at most this many steps (400 KB of losses)
 NO_DISPLAY = "no display: run it on a desktop, or use `microgpt-gui demo` / `bench` headless"
 
@@ -97,6 +97,10 @@ def run_cli(argv: list[str]) -> int:
     except SystemExit as exc:  # help, or a one-line error
         return int(exc.code or 0)
     try:
+        if args.command == "sweep":
+            from .sweep import run_sweep  # imports nothing of Ray: the runner does, in its own process
+
+            return run_sweep(args)
         return run_demo(args) if args.command == "demo" else run_benchmark(args, argv)
     except (ValueError, DatasetError) as exc:
         return fail(exc, EXIT_USAGE)

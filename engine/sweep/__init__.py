@@ -1,0 +1,3 @@
+"""Sweeps on Ray Tune: a sweep file (spec), its search space (space), the trial
+(trial), the child process that runs Tune and streams events (runner), starting
+and ending it (launch), and the table of trials from its events (events)."""

@@ -1,0 +1,403 @@
+"""The sweep's driver, in a child process of its own (never the window's
+process or a thread of it: Ray's processes are tied to the thread that starts
+them):
+
+    python -m engine.sweep --spec SWEEP.toml --dir DIR [--address ADDR] [--commands]
+    python -m engine.sweep --resume --dir DIR [--address ADDR] [--commands]
+
+It starts an embedded local Ray (address "local", this machine's CPUs or the
+spec's, no dashboard, usage statistics off) or joins a cluster by address,
+runs Tune's Tuner with engine.sweep.trial.run_trial, and writes one JSON
+line per event (engine.sweep.events) to its stdout, which is nothing else's:
+whatever Ray or a library prints goes to stderr. The same lines are appended
+to DIR/events.jsonl as they come, and DIR/results.json (the table of trials)
+is rewritten after each trial ends, so nothing finished is lost when the
+sweep or the machine stops. DIR/tune is Tune's own experiment folder
+(checkpoints, the state --resume restores).
+
+With --commands it reads JSON lines on stdin: {"stop": "all"} stops the
+sweep (resumable: Tune keeps its unfinished trials), {"stop": TRIAL_ID} stops
+one trial for good; end of input (the parent has gone) stops the sweep.
+SIGTERM stops it as {"stop": "all"} does. The runner
+makes itself a session leader, so a parent can end it and every process it
+started (Ray's included) by the session (engine.sweep.launch).
+
+Exit status: 0 done, 1 failed (the message is the last "error" event),
+2 a sweep file or dataset that cannot be used, 3 stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, SweepTable, to_line, write_json_atomic
+from .spec import Search, SweepSpec, SweepSpecError, read_spec, space_size
+
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+TUNE_FOLDER = "tune"
+CONNECT_TIMEOUT_S = 5.0
+RAY_MISSING = ("Ray is not installed: sweeps run on Ray Tune; install it with "
+               "pip install 'microgpt-gui[sweep]' (or pip install 'ray[tune]' optuna)")
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot start or go on; the message says why."""
+
+
+# ---- events out ------------------------------------------------------------------------
+
+class EventSink:
+    """Writes each event to the events stream and DIR/events.jsonl, keeps the table of
+    trials, and rewrites DIR/results.json when a trial or the sweep ends."""
+
+    def __init__(self, stream, folder: Path):
+        self.stream, self.folder = stream, folder
+        self.started = time.monotonic()
+        self.table = SweepTable()
+        self.run_fields: dict = {}
+        self.stream_open = True
+        self._lock = threading.Lock()
+        self._file = open(folder / EVENTS_FILE, "a", encoding="utf-8")
+
+    def emit(self, event: dict, to_file: bool = True) -> None:
+        event.setdefault("time", round(time.monotonic() - self.started, 3))  # seconds since the runner began
+        line = to_line(event)
+        with self._lock:
+            self.table.apply(json.loads(line))
+            if to_file:
+                self._file.write(line)
+                self._file.flush()
+            self._write_stream(line)
+            if event["event"] in ("trial_ended", "sweep_ended"):
+                self.write_results()
+
+    def _write_stream(self, line: str) -> None:
+        if not self.stream_open:
+            return
+        try:
+            self.stream.write(line)
+            self.stream.flush()
+        except (BrokenPipeError, OSError, ValueError):  # the parent has gone: the sweep ends
+            self.stream_open = False
+            COMMANDS.request_stop()
+
+    def replay(self) -> None:
+        """A resumed sweep: the events so far, to the stream only (they are in the file)."""
+        from .events import read_events
+
+        path = self.folder / EVENTS_FILE
+        for event in read_events(path) if path.exists() else ():
+            if event["event"] in ("sweep", "sweep_ended", "error"):
+                continue
+            with self._lock:
+                self.table.apply(event)
+                self._write_stream(to_line(event))
+
+    def write_results(self) -> None:
+        write_json_atomic(self.folder / RESULTS_FILE, {"sweep": self.table.info, "status": self.table.status.value,
+                                                        "message": self.table.message,
+                                                        "trials": self.table.summaries()})
+
+    def error(self, message: str) -> None:
+        self.emit({"event": "error", "message": message})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+SINK: EventSink | None = None  # this process's; Tune's callbacks (engine.sweep.tune_hooks) find it here
+
+
+def events_stream():
+    """The events' own stream: the original stdout, which from now on only they use
+    (file descriptor 1 becomes a copy of stderr, for Ray's and any library's output)."""
+    sys.stdout.flush()
+    stream = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return stream
+
+
+# ---- commands in -----------------------------------------------------------------------
+
+class Commands:
+    """Stop requests. Stopping the sweep interrupts Tune as its own SIGUSR1 handler does
+    (Ctrl-C's way): Tune saves the experiment with its unfinished trials as they are, so
+    --resume continues them (a Stopper's stop_all would end them for good)."""
+
+    def __init__(self) -> None:
+        self.stop_all = threading.Event()
+        self.stop_trials: set[str] = set()
+        self.cut: set[str] = set()  # trials ASHA stopped before they finished
+
+    def request_stop(self) -> None:
+        if self.stop_all.is_set():
+            return
+        self.stop_all.set()
+        if hasattr(signal, "SIGUSR1"):
+            os.kill(os.getpid(), signal.SIGUSR1)  # Tune's handler while it runs; ours (a no-op) else
+
+    def read(self, lines) -> None:
+        for line in lines:
+            try:
+                command = json.loads(line)
+            except ValueError:
+                continue
+            target = command.get("stop") if isinstance(command, dict) else None
+            if target == "all":
+                self.request_stop()
+            elif isinstance(target, str):
+                self.stop_trials.add(target)
+        self.request_stop()  # end of input: the parent has gone
+
+
+COMMANDS = Commands()
+
+
+# ---- Ray -------------------------------------------------------------------------------
+
+def split_address(address: str) -> tuple[str, int]:
+    if "://" in address:
+        raise SweepError(f"--address {address!r}: give the head's HOST:PORT (its GCS port, 6379 unless "
+                         "`ray start --head --port` chose another); Ray Client (ray://) and dashboard (http://) "
+                         "addresses are not used")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SweepError(f"--address {address!r} is no Ray address: give HOST:PORT (the head's GCS port, "
+                         "6379 unless `ray start --head --port` chose another), 'auto' on a node of the "
+                         "cluster, or 'local'")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_reachable(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = "nothing listens there" if isinstance(exc, ConnectionRefusedError) else (exc.strerror or str(exc))
+        raise SweepError(f"cannot reach the Ray cluster at {host}:{port}: {reason}. Start its head with "
+                         f"`ray start --head --port {port}`, or check the address") from None
+
+
+def connect(address: str | None, cpus: int | None) -> str:
+    """ray.init: an embedded local Ray, or a cluster by address; the address used."""
+    import ray
+
+    if address in (None, "", "local"):
+        # every address on loopback: nothing of a local sweep listens on the network
+        ray.init(address="local", num_cpus=cpus or os.cpu_count() or 1, include_dashboard=False,
+                 log_to_driver=False, logging_level="WARNING", _node_ip_address="127.0.0.1")
+        return "local"
+    kwargs = {}
+    if address != "auto":
+        host, port = split_address(address)
+        check_reachable(host, port)
+        if is_loopback(host):  # else Ray picks this machine's network address, which a loopback cluster refuses
+            kwargs["_node_ip_address"] = "127.0.0.1"
+    try:
+        with stderr_kept() as logged:
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING", **kwargs)
+    except Exception as exc:
+        text = f"{exc}\n{''.join(logged)}"  # a refused token shows only in Ray's log lines
+        if type(exc).__name__ == "AuthenticationError" or "InvalidAuthToken" in text or "Unauthenticated" in text:
+            raise SweepError(f"the Ray cluster at {address} refused this sweep's token: give the app the "
+                             "cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
+                             "`ray get-auth-token` on the head prints it) and RAY_AUTH_MODE=token") from None
+        if isinstance(exc, ConnectionError):
+            raise SweepError(f"cannot connect to the Ray cluster at {address}: {first_line(exc)}") from None
+        raise
+    return address
+
+
+@contextlib.contextmanager
+def stderr_kept():
+    """What this process writes to stderr (file descriptor 2: Ray's C++ too) inside the
+    block, kept in the list it yields as well as written to stderr."""
+    kept: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield kept
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            kept.append(log.read())
+            sys.stderr.write(kept[-1])
+            sys.stderr.flush()
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def make_tuner(spec: SweepSpec, folder: Path, base, resume: bool):
+    from ray import tune
+
+    from ray.tune.logger import JsonLoggerCallback
+
+    from . import space
+    from .trial import run_trial
+
+    from .tune_hooks import CommandStopper, EventCallback
+
+    space.CUT_LISTENER[:] = [COMMANDS.cut.add]
+    trainable = tune.with_resources(tune.with_parameters(run_trial, base=base), {"cpu": spec.cpus_per_trial})
+    tune_path = folder / TUNE_FOLDER
+    if resume and tune.Tuner.can_restore(str(tune_path)):
+        return tune.Tuner.restore(str(tune_path), trainable, resume_unfinished=True, resume_errored=False,
+                                  restart_errored=False)
+    run_config = tune.RunConfig(
+        name=TUNE_FOLDER, storage_path=str(folder), verbose=0, callbacks=[EventCallback(), JsonLoggerCallback()], stop=CommandStopper(),
+        failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1))
+    tune_config = tune.TuneConfig(metric=spec.metric, mode="min", num_samples=spec.trials,
+                                  search_alg=space.search_algorithm(spec), scheduler=space.scheduler(spec),
+                                  time_budget_s=spec.time_budget_s,
+                                  max_concurrent_trials=spec.max_concurrent if spec.search == Search.TPE else None,
+                                  reuse_actors=False)
+    return tune.Tuner(trainable, param_space=space.param_space(spec), tune_config=tune_config,
+                      run_config=run_config)
+
+
+def trial_base(spec: SweepSpec):
+    from ..data.corpus import load_corpus
+    from .trial import TrialBase
+
+    corpus = load_corpus(spec.dataset)
+    return TrialBase(run=dict(spec.run), docs=tuple(corpus.docs), chars=tuple(corpus.chars),
+                     cpus=spec.cpus_per_trial, report_every_s=spec.report_every_s,
+                     checkpoint_every_s=spec.checkpoint_every_s, milestones=spec.checkpoint_milestones(),
+                     time_attr=spec.scheduler.time_attr.value)
+
+
+# ---- the process -----------------------------------------------------------------------
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m engine.sweep")
+    parser.add_argument("--spec", type=Path, help="the sweep file (not with --resume)")
+    parser.add_argument("--dir", type=Path, required=True, help="the sweep's folder")
+    parser.add_argument("--resume", action="store_true", help="resume the sweep in --dir")
+    parser.add_argument("--address", help="a Ray cluster's address (default: a local Ray)")
+    parser.add_argument("--commands", action="store_true", help="read stop commands on stdin")
+    args = parser.parse_args(argv)
+    if (args.spec is None) == (not args.resume):
+        parser.error("give --spec FILE, or --resume")
+    return args
+
+
+def become_session_leader() -> None:
+    if hasattr(os, "setsid") and os.getsid(0) != os.getpid():
+        try:
+            os.setsid()
+        except OSError:
+            pass
+
+
+def main(argv=None) -> int:
+    global SINK
+    args = parse_args(argv)
+    become_session_leader()
+    stream = events_stream()
+    folder = args.dir.resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        stream.write(to_line({"event": "error", "message": f"cannot create {folder}: {exc.strerror or exc}"}))
+        stream.write(to_line({"event": "sweep_ended", "status": "failed", "seconds": 0}))
+        return EXIT_USAGE
+    SINK = sink = EventSink(stream, folder)
+    started = time.monotonic()
+    try:
+        return run(args, folder, sink, started)
+    finally:
+        sink.close()
+
+
+def run(args, folder: Path, sink: EventSink, started: float) -> int:
+    def end(status: str, code: int, message: str = "") -> int:
+        if message:
+            sink.error(message)
+        sink.emit({"event": "sweep_ended", "status": status, "message": message,
+                   "seconds": time.monotonic() - started})
+        return code
+
+    spec_path = folder / SPEC_FILE if args.resume else args.spec
+    try:
+        spec = read_spec(spec_path)
+    except SweepSpecError as exc:
+        return end("failed", EXIT_USAGE, str(exc))
+    if args.resume:
+        sink.replay()
+    else:
+        (folder / SPEC_FILE).write_text(spec.source, encoding="utf-8")
+    try:
+        base = trial_base(spec)
+    except ValueError as exc:  # DatasetError
+        return end("failed", EXIT_USAGE, f"the dataset: {exc}")
+    sink.run_fields = dict(spec.run)
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Tune's CSV and TensorBoard logs: not wanted (events.jsonl and each trial's result.json are kept)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    try:
+        import ray
+    except ImportError:
+        return end("failed", EXIT_FAILED, RAY_MISSING)
+
+    signal.signal(signal.SIGTERM, lambda *_: COMMANDS.request_stop())
+    if hasattr(signal, "SIGUSR1"):  # a stop before Tune runs: noted (COMMANDS.stop_all), nothing else
+        signal.signal(signal.SIGUSR1, lambda *_: None)
+    if args.commands:
+        threading.Thread(target=COMMANDS.read, args=(sys.stdin,), name="commands", daemon=True).start()
+    try:
+        address = connect(args.address, spec.cpus)
+    except SweepError as exc:
+        return end("failed", EXIT_FAILED, str(exc))
+    except Exception as exc:
+        return end("failed", EXIT_FAILED, f"Ray failed to start: {first_line(exc)}")
+    try:
+        resources = ray.cluster_resources()
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        cpus = int(resources.get("CPU", 0))
+        sink.emit({"event": "sweep", "name": spec.name, "dir": str(folder), "address": address, "cpus": cpus,
+                   "nodes": nodes, "search": spec.search.value, "trials": space_size(spec) or spec.trials,
+                   "cpus_per_trial": spec.cpus_per_trial, "time_budget_s": spec.time_budget_s,
+                   "resumed": bool(args.resume)})
+        if cpus < spec.cpus_per_trial:
+            return end("failed", EXIT_FAILED, f"the Ray cluster has {cpus} CPUs: a trial needs "
+                                              f"{spec.cpus_per_trial} ([resources] cpus_per_trial)")
+        if not COMMANDS.stop_all.is_set():
+            make_tuner(spec, folder, base, args.resume).fit()
+    except Exception as exc:
+        return end("failed", EXIT_FAILED, f"the sweep failed: {first_line(exc)}")
+    finally:
+        ray.shutdown()
+    if COMMANDS.stop_all.is_set():
+        return end("stopped", EXIT_STOPPED)
+    return end("done", EXIT_DONE)
+

@@ -1,0 +1,98 @@
+"""A sweep on a real two-node Ray cluster on this machine, reached by address:
+`ray start --head` and a second `ray start --address`, one CPU each, every
+address on 127.0.0.1, token authentication with the test's own token for
+every process. The command line's sweep runs its trials on both nodes; a
+driver with another token is refused with a message; `ray stop --force`
+leaves no process of either node."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="sweeps need Ray: pip install -e '.[test]'")
+
+from engine.sweep import launch  # noqa: E402
+from sweep_support import ray_environment, ray_start, write_spec  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CLUSTER_SWEEP = """
+[sweep]
+name = "cluster"
+search = "random"
+trials = 4
+seed = 1
+
+[resources]
+cpus_per_trial = 1
+
+[scheduler]
+kind = "none"
+
+[run]
+preset = "tiny"
+steps = 6000
+
+[space]
+learning_rate = { loguniform = [0.003, 0.02] }
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_stop(env) -> None:
+    ray = Path(sys.executable).resolve().parent / "ray"
+    subprocess.run([str(ray) if ray.exists() else "ray", "stop", "--force"], env=env, capture_output=True,
+                   timeout=120)
+
+
+def sweep_cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "main.py", "sweep", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_sweep_runs_on_a_two_node_cluster_by_address(tmp_path):
+    env = ray_environment(tmp_path)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    sessions = []
+    try:
+        sessions.append(ray_start(env, "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
+                                  "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats"))
+        sessions.append(ray_start(env, "--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1"))
+        spec = write_spec(tmp_path, CLUSTER_SWEEP)
+        out = tmp_path / "results.json"
+        done = sweep_cli(env, str(spec), "--address", address, "--dir", str(tmp_path / "sweep"), "--json", str(out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"Ray: 2 CPUs on 2 nodes ({address})" in done.stdout
+        records = json.loads(out.read_text())
+        assert len(records) == 4 and {r["status"] for r in records} == {"done"}
+        assert {r["steps"] for r in records} == {6000}
+        assert len({r["node"] for r in records}) == 2  # trials ran on both nodes
+        assert all(Path(r["checkpoint"]).is_file() for r in records)
+        assert "held-out loss of each trial (best first):" in done.stdout
+
+        # the same cluster with another token: refused, in one line
+        (tmp_path / "other").mkdir()
+        wrong = ray_environment(tmp_path / "other")
+        refused = sweep_cli(wrong, str(spec), "--address", address, "--dir", str(tmp_path / "refused"), timeout=120)
+        assert refused.returncode == 1
+        assert f"error: the Ray cluster at {address} refused this sweep's token" in refused.stderr
+    finally:
+        ray_stop(env)
+        deadline = time.monotonic() + 30
+        while any(launch.session_processes(sid) for sid in sessions) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    assert [launch.session_processes(sid) for sid in sessions] == [[] for _ in sessions]
