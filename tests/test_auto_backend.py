@@ -9,16 +9,20 @@ import datetime
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from cli_support import run_in_process as run, run_main, write_lines
 from engine.backends import BackendInfo
 from engine.backends import prebuild
 from engine.backends import speeds as sp
 from engine.backends.choice import choose_backend
 from engine.bench.timing import BenchResult
+from engine.cli.commands import window_args
 from engine.config import get_preset
-from engine.data.corpus import CACHE_DIR_ENV
+from engine.data.corpus import Corpus
+from engine.data.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 from engine.futhark import build as fbuild
 from engine.futhark import cc
 from futhark_support import hide_futhark
@@ -151,6 +155,22 @@ def test_a_damaged_records_file_counts_as_none_and_the_next_bench_rewrites_it(tm
         ("numpy", "tiny", 0.5, sp.BENCH_SOURCE)]
 
 
+def test_bench_records_its_rows_for_the_automatic_choice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
+    data = write_lines(tmp_path / "names.txt", ["emma", "olivia", "ava", "isabella", "sophia", "zoe"])
+    code, out, err = run(["bench", "--backends", "numpy", "--presets", "tiny,s32", "--steps", "2", "--seconds", "0",
+                          "--warmup", "1", "--sample-names", "0", "--data", str(data)], capsys)
+    assert code == 0, err
+    path = tmp_path / "data" / sp.RECORDS_FILE
+    assert f"recorded 2 measurements in {path} (--backend auto chooses by them)" in out
+    printed = {line.split()[1]: float(line.split()[3]) for line in out.splitlines() if line.startswith("numpy ")}
+    mine = {s.preset: s for s in sp.measured_speeds()}
+    assert sorted(mine) == sorted(printed) == ["s32", "tiny"]
+    assert all(abs(mine[preset].ms_per_step - printed[preset]) <= 0.0005 + 1e-9 for preset in printed)
+    assert mine["tiny"].params == get_preset("tiny").model.num_params(Corpus.from_file(data).vocab_size)
+    assert mine["tiny"].machine == sp.this_machine()
+
+
 # built or not, and the background build -----------------------------------------
 
 def test_futhark_multicore_opens_futhark_cs_library_where_it_runs_one_thread(monkeypatch):
@@ -208,3 +228,54 @@ def test_a_failed_background_build_is_remembered_and_its_backend_left_out(with_c
     assert choice.backend == "numpy" and choice.built
     assert choice.reason.endswith(f"; futhark-c left out: its last build failed: {outcome.message}")
     assert prebuild.start_build("numpy", TINY.model, TINY.train, 27) is None
+
+
+# the command line ----------------------------------------------------------------
+
+def test_auto_is_a_backend_name_for_the_window_and_demo(capsys):
+    args, status = window_args(["--backend", "auto"], environ={"DISPLAY": ":0"})
+    assert status == 0 and args.backend == "auto"
+    code, _, err = run(["demo", "--backend", "nope"], capsys)
+    assert code == 2 and err.rstrip().endswith(", or auto (the fastest here)")
+
+
+def wait_for_build(cache: Path, timeout: float = 400) -> Path:
+    """The folder of the first complete library in cache (the background build's)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [p.parent for p in (cache / "futhark").glob("microgpt-*/build.json")]
+        if done:
+            return done[0]
+        time.sleep(1)
+    raise AssertionError(f"no library was built in {cache} within {timeout} s")
+
+
+@pytest.mark.futhark
+@pytest.mark.slow
+@needs_cc
+def test_demo_auto_trains_on_numpy_while_futhark_builds_then_uses_it(tmp_path):
+    """A first run with an empty build cache trains on numpy and says why; the library
+    builds in the background; the next run trains on it. This machine's own bench
+    figures (a records file) say futhark-c is the fastest at tiny."""
+    cache, data_dir = tmp_path / "cache", tmp_path / "data"
+    sp.record_bench([bench_row("numpy", "tiny", 0.3), bench_row("futhark-c", "tiny", 0.05),
+                     bench_row("futhark-multicore", "tiny", 0.2)], ["bench"], data_dir / sp.RECORDS_FILE)
+    env = {CACHE_DIR_ENV: str(cache), DATA_DIR_ENV: str(data_dir)}
+    args = ["demo", "--backend", "auto", "--steps", "20", "--samples", "1"]
+    first = run_main(args, tmp_path, **env)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert lines[2].startswith("auto: futhark-c (0.05 ms/step at tiny against futhark-multicore's 0.2 and "
+                               "numpy's 0.3; measured ")
+    assert lines[3].startswith("futhark-c is not built yet (its first use compiles C, about ")
+    assert "training on numpy meanwhile while it builds in the background (log: " in lines[3]
+    assert lines[3].endswith("; the next run uses futhark-c")
+    assert "4,192 params, backend numpy," in lines[4]
+    libdir = wait_for_build(cache)
+    assert libdir.name.startswith("microgpt-c-")
+    second = run_main(args, tmp_path, **env)
+    assert second.returncode == 0, second.stderr
+    lines = second.stdout.splitlines()
+    assert lines[2].startswith("auto: futhark-c (0.05 ms/step at tiny")
+    assert "4,192 params, backend futhark-c," in lines[3]
+    assert "not built" not in second.stdout and "building" not in second.stdout
