@@ -279,3 +279,16 @@ def test_demo_auto_trains_on_numpy_while_futhark_builds_then_uses_it(tmp_path):
     assert lines[2].startswith("auto: futhark-c (0.05 ms/step at tiny")
     assert "4,192 params, backend futhark-c," in lines[3]
     assert "not built" not in second.stdout and "building" not in second.stdout
+
+
+def test_the_shipped_tables_rows_are_printed_from_bench_json_at_each_fastest_round(tmp_path):
+    from engine.bench.report import write_json
+
+    rows = [bench_row("numpy", "s256", 31.2, batch=32, runs_ms=[31.2, 30.98567, 32.5]),
+            bench_row("futhark-c", "tiny", 0.0580812),
+            replace(bench_row("futhark-c", "s64", 1.0), status="error"),
+            bench_row("numpy", "learn", 4.3, target_loss=2.05)]  # bench --to-loss: not a step time
+    write_json(tmp_path / "bench.json", rows, ["microgpt-gui", "bench"], {})
+    printed = sp.table_rows([tmp_path / "bench.json"])
+    assert [eval(line.strip().rstrip(",")) for line in printed] == [
+        ("numpy", "s256", P_S256, 32, 30.99), ("futhark-c", "tiny", P_TINY, 1, 0.05808)]

@@ -92,7 +92,7 @@ def _nearest_note(point: Speed, params: int, batch: int) -> str:
 
 
 def _sources(speeds: list[Speed]) -> str:
-    """"measured 2026-12-02, shipped table" or "measured here by bench, 2026-12-03; ..."."""
+    """"measured 2026-12-02, shipped table", or "measured 2026-12-03, bench here; 2026-12-02, shipped table"."""
     labels = []
     for s in speeds:
         label = f"{s.date[:10]}, shipped table" if s.source == SHIPPED_SOURCE else f"{s.date[:10]}, bench here"
