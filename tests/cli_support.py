@@ -23,14 +23,24 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def on_numpy(args: list[str]) -> list[str]:
+    """demo's arguments with `--backend numpy` unless they name a backend: demo's default,
+    auto, picks the fastest backend here and may start a Futhark build in the background,
+    so the suite's demo runs name the backend they test (tests/test_auto_backend.py tests auto)."""
+    if args[:1] == ["demo"] and "--backend" not in args:
+        return ["demo", "--backend", "numpy", *args[1:]]
+    return list(args)
+
+
 def run_main(args: list[str], home: Path, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, env=clean_env(home, **extra),
+    return subprocess.run([sys.executable, "main.py", *on_numpy(args)], cwd=ROOT, env=clean_env(home, **extra),
                           capture_output=True, text=True, timeout=timeout)
 
 
 def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
-    """main.main(argv) here (fast, and monkeypatches apply): (exit status, stdout, stderr)."""
-    code = main.main(argv)
+    """main.main(argv) here (fast, and monkeypatches apply): (exit status, stdout, stderr);
+    demo on numpy unless argv names a backend (on_numpy)."""
+    code = main.main(on_numpy(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -225,3 +225,14 @@ def test_each_preset_trains_its_own_batch_unless_told(monkeypatch, tmp_path):
     asked.clear()
     bench.run_bench(["numpy"], ["tiny", "learn"], tmp_path / "names.txt", batches=[4])
     assert asked == [("tiny", 4), ("learn", 4)]
+
+
+def test_a_measurement_imports_this_engine_from_any_folder(tmp_path):
+    """The child measures the engine that started it, not an installed copy elsewhere
+    (its folder is not the repository's when bench runs from another one)."""
+    import subprocess
+    import sys
+
+    found = subprocess.run([sys.executable, "-c", "import engine; print(engine.__file__)"], cwd=tmp_path,
+                           env=bench._worker_env(), capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == engine.__file__

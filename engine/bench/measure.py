@@ -76,7 +76,7 @@ def default_backends() -> list[str]:
 def _worker_env() -> dict[str, str]:
     """The child imports this very engine package, installed or not."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding engine/
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env
 

@@ -163,7 +163,8 @@ def window_parser() -> OneLineParser:
     parser.add_argument("--data", metavar="FILE", help="text file, one document per line "
                         "(default: the last one used, else makemore's names.txt, shipped with microgpt-gui)")
     parser.add_argument("--preset", type=preset_name, help=f"model preset to select at start ({', '.join(PRESETS)})")
-    parser.add_argument("--backend", help="backend to select at start (default: the last one used)")
+    parser.add_argument("--backend", help="backend to select at start; auto: the fastest here for the preset "
+                        "and batch size (default: the last one used)")
     parser.add_argument("--autorun-steps", type=setting("train.num_steps"), metavar="N",
                         help="start training N steps as soon as the dataset is ready (automation, demos)")
     parser.add_argument("--quit-when-done", action="store_true",
@@ -177,7 +178,10 @@ def build_parser() -> OneLineParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="train, then print samples (no window)")
-    demo.add_argument("--backend", default="numpy", help="engine backend (default numpy)")
+    demo.add_argument("--backend", default="auto",
+                      help="engine backend, or auto: the fastest here for the preset and batch size, from "
+                           "measured speeds (default auto; a Futhark backend not built yet builds in the "
+                           "background while this run trains on one that is, numpy at worst)")
     demo.add_argument("--preset", type=preset_name, default=DEFAULT_PRESET,
                       help=f"model size: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
     demo.add_argument("--steps", type=setting("train.num_steps"),

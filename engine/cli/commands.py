@@ -22,6 +22,8 @@ from ..bench import measure as bench
 from ..bench import to_loss as bench_loss
 from ..bench import report as bench_report
 from ..backends import BackendError, TrainingDiverged, open_backend, probe_backend
+from ..backends import speeds as backend_speeds
+from ..backends.choice import AUTO, resolve_auto
 from ..data.split import resolve_holdout
 from .args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
 from .checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
@@ -79,8 +81,14 @@ def window_args(argv: list[str], environ=None) -> tuple[argparse.Namespace | Non
 
 
 def check_backend(name: str) -> None:
-    """ValueError for a name that is no backend, BackendError for one that cannot run here."""
-    available, reason = probe_backend(name)
+    """ValueError for a name that is no backend, BackendError for one that cannot run here;
+    "auto" (the fastest backend here, engine.backends.choice) always runs."""
+    if name == AUTO:
+        return
+    try:
+        available, reason = probe_backend(name)
+    except ValueError as exc:  # "unknown backend 'x'; choose from numpy, ..."
+        raise ValueError(f"{exc}, or {AUTO} (the fastest here)") from None
     if not available:
         raise BackendError(cannot_run(name, reason))
 
@@ -166,11 +174,17 @@ def run_demo(args) -> int:
     print(f"vocab size: {corpus.vocab_size}")
     if note := corpus.truncation_note(model.block_size):
         print(f"truncated: {note}")
+    backend = args.backend
+    if backend == AUTO:
+        start = resolve_auto(model, train, corpus.vocab_size)
+        for line in start.lines():
+            print(line, flush=True)
+        backend = start.backend
     report = DemoReport(args, train.num_steps, corpus.vocab_size)
     # the first report line has a held-out loss, as demo always printed
     settings = LoopSettings(end_when_finished=True, chunk_steps=report.next_chunk, delay_first_evaluation=False,
                             opener=open_demo_backend)
-    loop = report.loop = TrainingLoop(RunSpec(args.backend, corpus, model, train), report, settings)
+    loop = report.loop = TrainingLoop(RunSpec(backend, corpus, model, train), report, settings)
     with builds_announced():
         loop.run()
     if report.error is not None:
@@ -240,7 +254,7 @@ class DemoReport:
         train, model, args = info.train, info.model, self.args
         print(f"model: preset {args.preset} (n_embd {model.n_embd}, n_layer {model.n_layer}, "
               f"n_head {model.n_head}, block_size {model.block_size}), {info.num_params:,} params, "
-              f"backend {args.backend}, lr {train.learning_rate:g}{warmup_note(train)}, "
+              f"backend {info.backend}, lr {train.learning_rate:g}{warmup_note(train)}, "
               f"init_std {train.init_std:g}, seed {train.seed}")
         docs = "document" if train.batch_size == 1 else "documents"
         print(f"batch: {train.batch_size} {docs} per step; held out: {info.holdout:,} documents, "
@@ -281,6 +295,19 @@ class DemoReport:
 
 
 # bench ---------------------------------------------------------------------
+
+def record_speeds(results, command: list[str]) -> None:
+    """Keep the measured ms/step in the user's data folder, where the automatic
+    backend choice (--backend auto) prefers them to the shipped table; a folder
+    that cannot be written loses the record, not the run."""
+    try:
+        count = backend_speeds.record_bench(results, command)
+    except OSError as exc:
+        print(f"warning: could not record the measurements for --backend {AUTO}: {exc}", file=sys.stderr)
+        return
+    if count:
+        print(f"recorded {count} measurement{'s' if count != 1 else ''} in {backend_speeds.records_path()} "
+              f"(--backend {AUTO} chooses by them)")
 
 def build_futhark_first(backends: list[str]) -> None:
     """Build the Futhark libraries here, announced, before the rows' processes need them
@@ -339,4 +366,6 @@ def run_benchmark(args, argv: list[str]) -> int:
     if args.json:
         bench_report.write_json(args.json, results, ["microgpt-gui", *argv], info)
         print(f"wrote {args.json}")
+    if goal is None:
+        record_speeds(results, ["microgpt-gui", *argv])
     return EXIT_ERROR if any(r.status == "error" for r in results) else 0
