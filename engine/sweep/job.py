@@ -53,6 +53,8 @@ POLL_S = 0.2                     # stop commands are carried out within this
 LOG_LINES = 40                   # the job's last lines that are no event, for a message when it fails
 JOB_CLIENT_MISSING = ("submitting a sweep as a Ray job needs Ray's job client (ray[default]): "
                       "pip install 'microgpt-gui[sweep]' (or pip install 'ray[default]')")
+OLD_PACKAGE_HINT = ("the cluster's microgpt-gui is older than this one (its sweep runner does not run as a "
+                    "job): install this version on every node")
 NO_PACKAGE_HINT = ("microgpt-gui is not installed on the cluster's head: every node needs "
                    "pip install 'microgpt-gui[sweep]' (the Python that runs `ray start`)")
 
@@ -350,6 +352,8 @@ class JobRelay:
             pass
         if any("No module named 'engine'" in line or "No module named engine" in line for line in self.log_tail):
             return f"the sweep's job {self.job_id} failed: {NO_PACKAGE_HINT}"
+        if any("python -m engine.sweep: error: unrecognized arguments" in line for line in self.log_tail):
+            return f"the sweep's job {self.job_id} failed: {OLD_PACKAGE_HINT}"
         last = self.log_tail[-1] if self.log_tail else ""
         reason = "; ".join(x for x in (text, last) if x) or f"it ended {status.lower() or 'without a result'}"
         return f"the sweep's job {self.job_id} failed: {reason}"
