@@ -15,6 +15,7 @@ Ray process of the machine)."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -153,8 +154,14 @@ def test_a_sweep_runs_as_a_job_streaming_its_events_here(cluster, tmp_path):
 
 
 def test_stop_a_trial_and_the_job_then_resume_it_there(cluster, tmp_path):
+    # a dataset of this machine's goes with the job (twice: the resumed job's too)
+    rng = random.Random(5)
+    names = sorted({"".join(rng.choice("abc") for _ in range(rng.randint(2, 8))) for _ in range(3000)})
+    dataset = tmp_path / "abc.txt"
+    dataset.write_text("\n".join(names) + "\n")
     folder = tmp_path / "stop"
-    run = Run(folder, cluster.env, write_spec(tmp_path, STOP_SWEEP), address=cluster.job_address)
+    spec = STOP_SWEEP.replace("[run]\n", f"[run]\ndataset = '{dataset}'\n")
+    run = Run(folder, cluster.env, write_spec(tmp_path, spec), address=cluster.job_address)
     job = run.until(lambda e: e["event"] == "job")["job"]
     first = run.until(lambda e: e["event"] == "trial_result")["trial"]
     run.process.stop(first)  # a small job appends the command to the sweep's commands.jsonl there
@@ -169,8 +176,10 @@ def test_stop_a_trial_and_the_job_then_resume_it_there(cluster, tmp_path):
     assert job_status(cluster, job) == "STOPPED"
     info = json.loads((folder / JOB_FILE).read_text())
     assert json.loads(Path(info["cluster_dir"], COMMANDS_FILE).read_text()) == {"stop": first}
-    saved = read_checkpoint(run.of("trial_ended", second)[0]["checkpoint"]).step
+    checkpoint = read_checkpoint(run.of("trial_ended", second)[0]["checkpoint"])
+    saved = checkpoint.step
     assert 0 < saved < 20000
+    assert checkpoint.corpus.chars == ["a", "b", "c"] and set(checkpoint.corpus.docs) == set(names)
 
     again = Run(folder, cluster.env, resume=True)  # no address: where it ran (job.json)
     assert again.finish() == 0
@@ -182,6 +191,7 @@ def test_stop_a_trial_and_the_job_then_resume_it_there(cluster, tmp_path):
     assert first not in started and second in started and len(started) == 2
     resumed = [e for e in new if e["event"] == "trial_result" and e["trial"] == second]
     assert resumed[0]["first_step"] == saved and resumed[-1]["step"] == 20000
+    assert read_checkpoint(again.of("trial_ended", second)[-1]["checkpoint"]).corpus.chars == ["a", "b", "c"]
     results = json.loads((folder / RESULTS_FILE).read_text())
     assert results["status"] == "done"
     assert sorted(t["status"] for t in results["trials"]) == ["done", "done", "stopped"]
