@@ -8,7 +8,9 @@ against the best held-out loss. A trial's checkpoint loads into the window
 also a run of the Runs tab (runAdded / runChanged / runEnded).
 
 The sweep runs in engine.sweep's runner, a child process (gui.sweep_runner):
-nothing of Ray runs in the window's process. Sweep files and events are
+nothing of Ray runs in the window's process. With a job server's address
+(http://HEAD:8265) that runner submits the sweep to the cluster as a Ray job
+and relays its events: the tab shows them as a local sweep's. Sweep files and events are
 engine.sweep's; this panel only shows them.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from engine.config import get_preset
 from engine.data.corpus import user_data_dir
 from engine.sweep import launch
 from engine.sweep.events import SPEC_FILE, SweepStatus, SweepTable, TrialRecord, TrialStatus
-from engine.sweep.runner import RAY_MISSING
+from engine.sweep.runner import RAY_MISSING, SweepError, check_address
 from engine.sweep.spec import EXAMPLES, SweepSpec, SweepSpecError, examples, parse_spec, run_configs, space_size
 from engine.training.heldout import HeldoutPoint
 from engine.training.records import RunRecord
@@ -103,9 +105,12 @@ class SweepPanel(QWidget):
         self.editor.textChanged.connect(lambda: self._check_timer.start())
         self.problem_label = QLabel(" ", objectName="sweepProblem", wordWrap=True)
         self.address_edit = QLineEdit(objectName="sweepAddress")
-        self.address_edit.setPlaceholderText("this machine (a local Ray)")
-        self.address_edit.setToolTip("A Ray cluster's address, HOST:PORT of its head (`ray start --head`); "
-                                     "empty: a local Ray on this machine's CPUs")
+        self.address_edit.setPlaceholderText("this machine (a local Ray); or http://HEAD:8265")
+        self.address_edit.setToolTip(
+            "Where the sweep runs. Empty: a local Ray on this machine's CPUs. http://HEAD:8265: a Ray cluster's "
+            "job server (its head's dashboard port): the sweep runs there as a Ray job, its events come back "
+            "here. HOST:PORT: the head's GCS (6379): the sweep's driver runs here and joins the cluster (on a "
+            "node of it). Resume with this empty continues a sweep where it ran.")
         self.start_button = QPushButton("&Start sweep", objectName="sweepStartButton")
         self.start_button.clicked.connect(lambda: self.start())
         self.stop_button = QPushButton("Sto&p sweep", objectName="sweepStopButton")
@@ -262,6 +267,8 @@ class SweepPanel(QWidget):
         if not launch.ray_installed():
             self.messageShown.emit("error", "Ray is not installed", RAY_MISSING)
             return False
+        if not self._address_usable():
+            return False
         folder = Path(folder) if folder is not None else launch.default_sweep_dir(spec.name)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -291,10 +298,20 @@ class SweepPanel(QWidget):
         if not launch.ray_installed():
             self.messageShown.emit("error", "Ray is not installed", RAY_MISSING)
             return False
+        if not self._address_usable():
+            return False
         self.set_text(spec.source)
         self._begin(spec, folder)
         self.runner.start(folder, None, self.address_edit.text().strip(), resume=True)
         self._update_buttons()
+        return True
+
+    def _address_usable(self) -> bool:
+        try:
+            check_address(self.address_edit.text().strip())
+        except SweepError as exc:
+            self.messageShown.emit("error", "Cannot start the sweep", str(exc))
+            return False
         return True
 
     def stop(self) -> None:
@@ -365,7 +382,7 @@ class SweepPanel(QWidget):
         parts = [f"{n} {status.value}" for status, n in counts.items() if n]
         info = self.table.info
         where = (f" on {info.get('cpus')} CPUs, {info.get('nodes')} node{'s' if info.get('nodes') != 1 else ''} "
-                 f"({info.get('address')})") if info else ""
+                 f"({info.get('address')}{', Ray job ' + info['job'] if info.get('job') else ''})") if info else ""
         state = {SweepStatus.RUNNING: "running" if self.runner.running else "ended",
                  SweepStatus.DONE: "done", SweepStatus.STOPPED: "stopped (Resume continues it)",
                  SweepStatus.FAILED: "failed"}[self.table.status]
@@ -432,6 +449,15 @@ class SweepPanel(QWidget):
     def load_selected(self) -> None:
         record = self.selected_trial()
         if record is None:
+            return
+        if record.checkpoint and not Path(record.checkpoint).is_file() and self.table.info.get("job"):
+            self.messageShown.emit(
+                "info", "The checkpoint is on the cluster",
+                f"Trial {record.trial}'s checkpoint is on the cluster, at {record.checkpoint}, which this machine "
+                "cannot read. A sweep run as a Ray job writes in the data folder of the cluster's head "
+                "(sweep-jobs); its trials load here when that folder is on storage this machine mounts at the "
+                "same path (start the cluster with MICROGPT_GUI_DATA_DIR there), or copy the file here and use "
+                "File > Load checkpoint.")
             return
         if not record.checkpoint or not Path(record.checkpoint).is_file():
             self.messageShown.emit("info", "No checkpoint", f"Trial {record.trial} has no checkpoint to load "

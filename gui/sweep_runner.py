@@ -7,7 +7,9 @@ Stop asks the runner to stop ({"stop": "all"} on its stdin: Tune saves its
 state, so the sweep can be resumed); end() stops it and, if it has not ended
 within a grace period, ends every process of its session (the runner and a
 local Ray's processes), as at the application's quit, so no Ray process
-outlives the window.
+outlives the window. A sweep submitted as a Ray job (a job server's address)
+has no Ray process here: the runner stops the job on the cluster as soon as
+it is asked (or sent SIGTERM), and the job ends there on its own.
 """
 from __future__ import annotations
 

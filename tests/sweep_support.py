@@ -1,12 +1,19 @@
 """Running real sweeps in tests: the environment every Ray process of a test
 gets (token authentication with a token of the test's own, usage statistics
-off, this checkout first on the path), sweep files, and a runner's events
-collected until it ends."""
+off, this checkout first on the path), sweep files, a runner's events
+collected until it ends, and a real two-node Ray cluster on this machine.
+
+A test's cluster is ended by its own processes (found by a marker in their
+environment, which every process the cluster starts inherits: its daemons,
+workers and jobs' drivers), never by `ray stop`, which ends every Ray process
+of the machine, another test's or another user's session's included."""
 from __future__ import annotations
 
 import os
 import queue
 import secrets
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,3 +106,77 @@ def ray_start(env: dict[str, str], *args: str) -> int:
     if process.returncode != 0:
         raise RuntimeError(f"ray start {' '.join(args)} failed:\n{out[-2000:]}")
     return process.pid
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Every live process (but this one) whose environment holds marker (Linux /proc)."""
+    pids = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+CLUSTER_MARKER = "MICROGPT_TEST_CLUSTER"
+
+
+class Cluster:
+    """A real Ray cluster on this machine: a head (one CPU; with job_server, its dashboard and
+    job server on 127.0.0.1) and a second node of one CPU, every port chosen free, every
+    process with env (the test's token) and a marker of this cluster's own."""
+
+    def __init__(self, env: dict[str, str], job_server: bool = False):
+        self.marker = secrets.token_hex(8)
+        self.env = {**env, CLUSTER_MARKER: self.marker}
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.job_server = job_server
+
+    @property
+    def address(self) -> str:
+        """The head's GCS address."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def job_address(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def start(self) -> "Cluster":
+        ports = lambda *names: [arg for name in names for arg in (f"--{name}", str(free_port()))]  # noqa: E731
+        dashboard = (["--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port",
+                      str(self.dashboard_port)] if self.job_server else ["--include-dashboard=false"])
+        ray_start(self.env, "--head", "--port", str(self.port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                  "--disable-usage-stats", *dashboard,
+                  *ports("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                         "metrics-export-port", "runtime-env-agent-port"))
+        ray_start(self.env, "--address", self.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                  *ports("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+                         "runtime-env-agent-port"))
+        return self
+
+    def processes(self) -> list[int]:
+        return processes_with_env(f"{CLUSTER_MARKER}={self.marker}")
+
+    def stop(self, grace_s: float = 15.0) -> list[int]:
+        """End every process of this cluster (SIGTERM, then SIGKILL after grace_s); those left."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.processes():
+                try:
+                    os.kill(pid, signum)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + grace_s
+            while self.processes() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        return self.processes()

@@ -23,6 +23,8 @@ MINIMAL = "[run]\npreset = 'tiny'\nsteps = 100\n"
     (lambda d: ["--resume", str(d)], f"--resume {{d}}: no sweep there (it has no sweep.toml)"),
     (lambda d: [str(d / "ok.toml"), "--dir", str(d)], "is not empty: a sweep needs a folder of its own"),
     (lambda d: [str(d / "ok.toml"), "--json", str(d / "missing" / "r.json")], "the folder"),
+    (lambda d: [str(d / "ok.toml"), "--address", "ray://head:10001"], "Ray Client (ray://) addresses are not used"),
+    (lambda d: [str(d / "ok.toml"), "--address", "http://head:8265/x"], "is no job server address"),
 ])
 def test_a_sweep_that_cannot_start_is_one_line_and_status_2(tmp_path, capsys, make_args, words):
     (tmp_path / "bad.toml").write_text("[run]\npreset = 'huge'\n")

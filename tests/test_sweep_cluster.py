@@ -1,24 +1,23 @@
-"""A sweep on a real two-node Ray cluster on this machine, reached by address:
-`ray start --head` and a second `ray start --address`, one CPU each, every
-address on 127.0.0.1, token authentication with the test's own token for
-every process. The command line's sweep runs its trials on both nodes; a
-driver with another token is refused with a message; `ray stop --force`
-leaves no process of either node."""
+"""A sweep on a real two-node Ray cluster on this machine, reached by its GCS
+address (the sweep's driver runs here): `ray start --head` and a second `ray
+start --address`, one CPU each, every address on 127.0.0.1, token
+authentication with the test's own token for every process. The command
+line's sweep runs its trials on both nodes; a driver with another token is
+refused with a message; ending the cluster's processes leaves none of either
+node (sweep_support.Cluster: never `ray stop`, which would end every Ray
+process of the machine)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray", reason="sweeps need Ray: pip install -e '.[test]'")
 
-from engine.sweep import launch  # noqa: E402
-from sweep_support import ray_environment, ray_start, write_spec  # noqa: E402
+from sweep_support import Cluster, ray_environment, write_spec  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -46,18 +45,6 @@ learning_rate = { loguniform = [0.003, 0.02] }
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ray_stop(env) -> None:
-    ray = Path(sys.executable).resolve().parent / "ray"
-    subprocess.run([str(ray) if ray.exists() else "ray", "stop", "--force"], env=env, capture_output=True,
-                   timeout=120)
-
-
 def sweep_cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "main.py", "sweep", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -65,13 +52,10 @@ def sweep_cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
 
 def test_a_sweep_runs_on_a_two_node_cluster_by_address(tmp_path):
     env = ray_environment(tmp_path)
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    sessions = []
+    cluster = Cluster(env)
+    address = cluster.address
     try:
-        sessions.append(ray_start(env, "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
-                                  "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats"))
-        sessions.append(ray_start(env, "--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1"))
+        cluster.start()
         spec = write_spec(tmp_path, CLUSTER_SWEEP)
         out = tmp_path / "results.json"
         done = sweep_cli(env, str(spec), "--address", address, "--dir", str(tmp_path / "sweep"), "--json", str(out))
@@ -91,8 +75,5 @@ def test_a_sweep_runs_on_a_two_node_cluster_by_address(tmp_path):
         assert refused.returncode == 1
         assert f"error: the Ray cluster at {address} refused this sweep's token" in refused.stderr
     finally:
-        ray_stop(env)
-        deadline = time.monotonic() + 30
-        while any(launch.session_processes(sid) for sid in sessions) and time.monotonic() < deadline:
-            time.sleep(0.5)
-    assert [launch.session_processes(sid) for sid in sessions] == [[] for _ in sessions]
+        left = cluster.stop()
+    assert left == []

@@ -222,9 +222,26 @@ def test_cluster_addresses_are_host_and_port():
     assert split_address("127.0.0.1:6379") == ("127.0.0.1", 6379)
     assert split_address("head.example:10001") == ("head.example", 10001)
     assert split_address("[::1]:6379") == ("::1", 6379)
-    for bad, words in (("head", "is no Ray address: give HOST:PORT"), ("head:0", "is no Ray address"),
-                       ("head:port", "is no Ray address"), ("ray://head:10001", "Ray Client (ray://)")):
+    for bad, words in (("head", "is no Ray address: give http://HEAD:8265 (the head's job server"),
+                       ("head:0", "is no Ray address"), ("head:port", "is no Ray address"),
+                       ("ray://head:10001", "Ray Client (ray://) addresses are not used; give http://HEAD:8265")):
         with pytest.raises(SweepError, match=re.escape(words)):
             split_address(bad)
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("192.0.2.2") and not is_loopback("head.example")
+
+
+def test_a_job_server_is_an_http_address_and_each_kind_is_checked():
+    from engine.sweep.job import is_job_address, server_url
+    from engine.sweep.runner import SweepError, check_address
+
+    assert is_job_address("http://head:8265") and is_job_address("HTTPS://head") and not is_job_address("head:6379")
+    assert server_url("http://head.example:8265/") == ("http://head.example:8265", "head.example", 8265)
+    assert server_url("https://ray.example") == ("https://ray.example", "ray.example", 443)
+    for good in (None, "", "local", "auto", "127.0.0.1:6379", "http://127.0.0.1:8265"):
+        check_address(good)
+    for bad, words in (("http://head:8265/jobs", "is no job server address: give http://HEAD:8265"),
+                       ("http://:8265", "is no job server address"), ("http://head:99999", "is no job server"),
+                       ("ray://head:10001", "Ray Client (ray://)"), ("head", "is no Ray address")):
+        with pytest.raises(SweepError, match=re.escape(words)):
+            check_address(bad)

@@ -249,8 +249,11 @@ def build_parser() -> OneLineParser:
                        help="the sweep file, or a shipped example's name: "
                        f"{', '.join(sweep_examples())} (not needed with --resume)")
     sweep.add_argument("--address", metavar="ADDR",
-                       help="a Ray cluster's address, HOST:PORT of its head (ray start --head), or 'auto' on a "
-                            "node of the cluster (default: a local Ray on this machine's CPUs)")
+                       help="a Ray cluster: http://HEAD:8265, its head's job server (the sweep runs there as a "
+                            "Ray job; nodes need only microgpt-gui installed), or HOST:PORT, its head's GCS "
+                            "(the sweep's driver runs here and joins the cluster: on a node of it), or 'auto' "
+                            "on a node of the cluster (default: a local Ray on this machine's CPUs; with "
+                            "--resume, where the sweep ran)")
     sweep.add_argument("--resume", type=Path, metavar="DIR", help="continue the stopped sweep in DIR; "
                        "finished trials are kept, unfinished ones go on from their last checkpoint")
     sweep.add_argument("--dir", type=Path, metavar="DIR",

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..sweep import launch
 from ..sweep.events import SPEC_FILE, SweepTable, TrialRecord, TrialStatus
-from ..sweep.runner import EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, RAY_MISSING
+from ..sweep.job import is_job_address, read_job_file
+from ..sweep.runner import EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, RAY_MISSING, SweepError, check_address
 from ..sweep.spec import SweepSpec, find_spec_file, read_spec, space_size
 from .args import EXIT_ERROR
 from .checks import check_output_file
@@ -33,7 +34,8 @@ def run_sweep(args) -> int:
     if not launch.ray_installed():
         print(f"error: {RAY_MISSING}", file=sys.stderr)
         return EXIT_ERROR
-    print(describe(spec, args.address, folder, bool(args.resume)), flush=True)
+    job = read_job_file(folder) if args.resume else None  # a job sweep resumes where it ran
+    print(describe(spec, args.address or (job or {}).get("address"), folder, bool(args.resume)), flush=True)
     command = launch.runner_command(folder, None if args.resume else args.spec.resolve(), args.address,
                                     resume=bool(args.resume))
     process = launch.SweepProcess(command)
@@ -66,6 +68,10 @@ def run_sweep(args) -> int:
 
 def sweep_to_run(args) -> tuple[SweepSpec, Path]:
     """The sweep file (read and checked: ValueError with what is wrong) and the folder."""
+    try:
+        check_address(args.address)
+    except SweepError as exc:
+        raise ValueError(str(exc)) from None
     if args.resume is not None:
         folder = args.resume.resolve()
         saved = folder / SPEC_FILE
@@ -94,11 +100,14 @@ def describe(spec: SweepSpec, address: str | None, folder: Path, resumed: bool) 
     s = spec.scheduler
     stopping = (f"ASHA on the held-out loss by {s.time_attr.value.replace('_', ' ')}" if s.kind == "asha"
                 else "no early stopping")
-    where = f"the Ray cluster at {address}" if address and address != "local" else "a local Ray"
+    if is_job_address(address):
+        where = f"as a Ray job on the cluster at {address}"
+    else:
+        where = f"on the Ray cluster at {address}" if address and address != "local" else "on a local Ray"
     budget = f", at most {spec.time_budget_s:g} s" if spec.time_budget_s else ""
     verb = "resuming sweep" if resumed else "sweep"
     return (f"{verb} {spec.name}: {trials} trials ({spec.search.value} search, {stopping}{budget}), "
-            f"{spec.cpus_per_trial} CPU each, on {where}\nresults: {folder}")
+            f"{spec.cpus_per_trial} CPU each, {where}\nresults: {folder}")
 
 
 def follow(process: launch.SweepProcess, spec: SweepSpec) -> tuple[SweepTable, int]:
@@ -133,10 +142,14 @@ def follow(process: launch.SweepProcess, spec: SweepSpec) -> tuple[SweepTable, i
 
 def event_line(event: dict, record: TrialRecord | None, spec: SweepSpec) -> str:
     kind = event["event"]
+    if kind == "job":
+        return f"submitted Ray job {event.get('job')} to {event.get('address')}"
     if kind == "sweep":
         nodes = event.get("nodes", 1)
-        return (f"Ray: {event.get('cpus')} CPUs on {nodes} node{'s' if nodes != 1 else ''} "
-                f"({event.get('address')})")
+        where = event.get("address")
+        if event.get("job"):
+            where += f", job {event['job']}, its folder there: {event.get('cluster_dir')}"
+        return f"Ray: {event.get('cpus')} CPUs on {nodes} node{'s' if nodes != 1 else ''} ({where})"
     if kind == "trial_started" and record is not None:
         return f"trial {record.trial} started: {settings_text(record.settings, spec)}"
     if kind == "trial_ended" and record is not None:
@@ -187,6 +200,7 @@ def final_table(table: SweepTable, spec: SweepSpec) -> str:
         lines.append(f"best: trial {best.trial}, held-out {fmt(best.best_heldout)}: "
                      f"{settings_text(best.settings, spec)}")
         if best.checkpoint:
-            lines.append(f"its checkpoint: {best.checkpoint}")
+            there = " (on the cluster)" if table.info.get("job") else ""
+            lines.append(f"its checkpoint{there}: {best.checkpoint}")
     return "\n".join(lines)
 

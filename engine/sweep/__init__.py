@@ -1,3 +1,4 @@
 """Sweeps on Ray Tune: a sweep file (spec), its search space (space), the trial
-(trial), the child process that runs Tune and streams events (runner), starting
-and ending it (launch), and the table of trials from its events (events)."""
+(trial), the child process that runs Tune and streams events (runner), the
+same sweep submitted to a cluster as a Ray job (job), starting and ending it
+(launch), and the table of trials from its events (events)."""

@@ -6,8 +6,9 @@ them):
     python -m engine.sweep --resume --dir DIR [--address ADDR] [--commands]
 
 It starts an embedded local Ray (address "local", this machine's CPUs or the
-spec's, no dashboard, usage statistics off) or joins a cluster by address,
-runs Tune's Tuner with engine.sweep.trial.run_trial, and writes one JSON
+spec's, no dashboard, usage statistics off) or joins a cluster by its GCS
+address (HOST:PORT: this process is the driver), runs Tune's Tuner with
+engine.sweep.trial.run_trial, and writes one JSON
 line per event (engine.sweep.events) to its stdout, which is nothing else's:
 whatever Ray or a library prints goes to stderr. The same lines are appended
 to DIR/events.jsonl as they come, and DIR/results.json (the table of trials)
@@ -22,6 +23,13 @@ SIGTERM stops it as {"stop": "all"} does. The runner
 makes itself a session leader, so a parent can end it and every process it
 started (Ray's included) by the session (engine.sweep.launch).
 
+With a job server's address (http://HEAD:8265) it runs nothing of Ray here:
+it submits this same runner to the cluster as a Ray job and relays the job's
+events (engine.sweep.job). There, the runner runs with --job: it joins the
+cluster the job runs on, its folder is on the cluster (a relative --dir is
+under the data folder's sweep-jobs there), and it takes stop commands from
+DIR/commands.jsonl as well (a job has no stdin).
+
 Exit status: 0 done, 1 failed (the message is the last "error" event),
 2 a sweep file or dataset that cannot be used, 3 stopped.
 """
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -38,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from .events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, SweepTable, to_line, write_json_atomic
@@ -118,11 +128,27 @@ class EventSink:
 SINK: EventSink | None = None  # this process's; Tune's callbacks (engine.sweep.tune_hooks) find it here
 
 
-def events_stream():
+class LineStream:
+    """Writes each line with one write(2) call: where stdout and stderr are one file (a Ray
+    job's log), another process's output can then come between two events, never inside one."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def write(self, line: str) -> None:
+        data = line.encode("utf-8")
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def flush(self) -> None:
+        pass
+
+
+def events_stream() -> LineStream:
     """The events' own stream: the original stdout, which from now on only they use
     (file descriptor 1 becomes a copy of stderr, for Ray's and any library's output)."""
     sys.stdout.flush()
-    stream = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    stream = LineStream(os.dup(1))
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return stream
@@ -147,18 +173,37 @@ class Commands:
         if hasattr(signal, "SIGUSR1"):
             os.kill(os.getpid(), signal.SIGUSR1)  # Tune's handler while it runs; ours (a no-op) else
 
+    def handle(self, line: str) -> None:
+        """One command line: {"stop": "all"} or {"stop": TRIAL}."""
+        try:
+            command = json.loads(line)
+        except ValueError:
+            return
+        target = command.get("stop") if isinstance(command, dict) else None
+        if target == "all":
+            self.request_stop()
+        elif isinstance(target, str):
+            self.stop_trials.add(target)
+
     def read(self, lines) -> None:
         for line in lines:
-            try:
-                command = json.loads(line)
-            except ValueError:
-                continue
-            target = command.get("stop") if isinstance(command, dict) else None
-            if target == "all":
-                self.request_stop()
-            elif isinstance(target, str):
-                self.stop_trials.add(target)
+            self.handle(line)
         self.request_stop()  # end of input: the parent has gone
+
+    def follow_file(self, path: Path, every_s: float = 0.5) -> None:
+        """Commands appended to path (a job's: engine.sweep.job writes them), until the sweep stops."""
+        offset = 0
+        while not self.stop_all.wait(every_s):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            complete = data.rfind(b"\n") + 1
+            offset += complete
+            for line in data[:complete].decode("utf-8", errors="replace").splitlines():
+                self.handle(line)
 
 
 COMMANDS = Commands()
@@ -166,17 +211,32 @@ COMMANDS = Commands()
 
 # ---- Ray -------------------------------------------------------------------------------
 
+ADDRESS_KINDS = ("http://HEAD:8265 (the head's job server: the sweep runs on the cluster as a Ray job), "
+                 "HOST:PORT (the head's GCS, 6379 unless `ray start --head --port` chose another: the sweep's "
+                 "driver runs here and joins the cluster), 'auto' on a node of the cluster, or 'local'")
+
+
 def split_address(address: str) -> tuple[str, int]:
+    """A GCS address's host and port (job server addresses, http://, go to engine.sweep.job)."""
     if "://" in address:
-        raise SweepError(f"--address {address!r}: give the head's HOST:PORT (its GCS port, 6379 unless "
-                         "`ray start --head --port` chose another); Ray Client (ray://) and dashboard (http://) "
-                         "addresses are not used")
+        raise SweepError(f"--address {address!r}: Ray Client (ray://) addresses are not used; give "
+                         + ADDRESS_KINDS)
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SweepError(f"--address {address!r} is no Ray address: give HOST:PORT (the head's GCS port, "
-                         "6379 unless `ray start --head --port` chose another), 'auto' on a node of the "
-                         "cluster, or 'local'")
+        raise SweepError(f"--address {address!r} is no Ray address: give {ADDRESS_KINDS}")
     return host.strip("[]"), int(port)
+
+
+def check_address(address: str | None) -> None:
+    """SweepError unless address is one a sweep can go to (not whether anything listens there)."""
+    if address in (None, "", "local", "auto"):
+        return
+    from .job import is_job_address, server_url
+
+    if is_job_address(address):
+        server_url(address)
+    else:
+        split_address(address)
 
 
 def is_loopback(host: str) -> bool:
@@ -198,10 +258,18 @@ def check_reachable(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) ->
                          f"`ray start --head --port {port}`, or check the address") from None
 
 
-def connect(address: str | None, cpus: int | None) -> str:
-    """ray.init: an embedded local Ray, or a cluster by address; the address used."""
+def connect(address: str | None, cpus: int | None, in_job: bool = False) -> str:
+    """ray.init: an embedded local Ray, a cluster by address, or (in_job) the cluster this
+    Ray job runs on; the address used."""
     import ray
 
+    if in_job:  # the job's supervisor gives its driver the cluster's GCS address
+        address = os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+        except ConnectionError as exc:
+            raise SweepError(f"the sweep's job cannot join its cluster at {address}: {first_line(exc)}") from None
+        return address
     if address in (None, "", "local"):
         # every address on loopback: nothing of a local sweep listens on the network
         ray.init(address="local", num_cpus=cpus or os.cpu_count() or 1, include_dashboard=False,
@@ -301,12 +369,28 @@ def parse_args(argv):
     parser.add_argument("--spec", type=Path, help="the sweep file (not with --resume)")
     parser.add_argument("--dir", type=Path, required=True, help="the sweep's folder")
     parser.add_argument("--resume", action="store_true", help="resume the sweep in --dir")
-    parser.add_argument("--address", help="a Ray cluster's address (default: a local Ray)")
+    parser.add_argument("--address", help="a Ray cluster's address: http://HEAD:8265 submits the sweep as a "
+                        "Ray job, HOST:PORT joins its GCS from here (default: a local Ray; on --resume, where "
+                        "the sweep ran)")
     parser.add_argument("--commands", action="store_true", help="read stop commands on stdin")
+    parser.add_argument("--job", action="store_true", help="run as a Ray job on a cluster (engine.sweep.job "
+                        "submits it so): join that cluster, a relative --dir is under its data folder")
+    parser.add_argument("--dataset", type=Path, help="the dataset file, in place of the sweep's (a job's copy)")
     args = parser.parse_args(argv)
     if (args.spec is None) == (not args.resume):
         parser.error("give --spec FILE, or --resume")
     return args
+
+
+def sweep_folder(path: Path, in_job: bool) -> Path:
+    """The folder --dir names; in a job, a relative one is under sweep-jobs in this machine's
+    data folder (MICROGPT_GUI_DATA_DIR moves it, e.g. onto storage every node mounts)."""
+    if in_job and not path.is_absolute():
+        from ..data.corpus import user_data_dir
+        from .job import JOB_SWEEPS
+
+        path = user_data_dir() / JOB_SWEEPS / path
+    return path.expanduser().resolve()
 
 
 def become_session_leader() -> None:
@@ -320,9 +404,10 @@ def become_session_leader() -> None:
 def main(argv=None) -> int:
     global SINK
     args = parse_args(argv)
-    become_session_leader()
+    if not args.job:  # a job's runner stays in its supervisor's process group: Stop reaches it there
+        become_session_leader()
     stream = events_stream()
-    folder = args.dir.resolve()
+    folder = sweep_folder(args.dir, args.job)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -332,6 +417,10 @@ def main(argv=None) -> int:
     SINK = sink = EventSink(stream, folder)
     started = time.monotonic()
     try:
+        from .job import runs_as_job, submit_and_follow
+
+        if not args.job and runs_as_job(args.address, folder, args.resume):
+            return submit_and_follow(args, folder, sink, started)
         return run(args, folder, sink, started)
     finally:
         sink.close()
@@ -350,8 +439,12 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
         spec = read_spec(spec_path)
     except SweepSpecError as exc:
         return end("failed", EXIT_USAGE, str(exc))
+    if args.dataset is not None:
+        spec = dataclasses.replace(spec, dataset=str(args.dataset.resolve()))
     if args.resume:
         sink.replay()
+    elif args.job and (folder / TUNE_FOLDER).exists():
+        return end("failed", EXIT_USAGE, f"{folder} holds a sweep already: a new sweep needs a folder of its own")
     else:
         (folder / SPEC_FILE).write_text(spec.source, encoding="utf-8")
     try:
@@ -359,6 +452,8 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
     except ValueError as exc:  # DatasetError
         return end("failed", EXIT_USAGE, f"the dataset: {exc}")
     sink.run_fields = dict(spec.run)
+    if args.job:  # out of the job's working_dir (its files are read): Ray may delete it while the job runs
+        os.chdir(folder)
 
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # Tune's CSV and TensorBoard logs: not wanted (events.jsonl and each trial's result.json are kept)
@@ -374,12 +469,21 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
         signal.signal(signal.SIGUSR1, lambda *_: None)
     if args.commands:
         threading.Thread(target=COMMANDS.read, args=(sys.stdin,), name="commands", daemon=True).start()
+    if args.job:
+        from .job import COMMANDS_FILE
+
+        commands = folder / COMMANDS_FILE
+        commands.write_text("", encoding="utf-8")  # a resumed sweep's old commands are done with
+        threading.Thread(target=COMMANDS.follow_file, args=(commands,), name="commands", daemon=True).start()
     try:
-        address = connect(args.address, spec.cpus)
+        address = connect(args.address, spec.cpus, in_job=args.job)
     except SweepError as exc:
         return end("failed", EXIT_FAILED, str(exc))
     except Exception as exc:
         return end("failed", EXIT_FAILED, f"Ray failed to start: {first_line(exc)}")
+    # ray.init put Ray's own SIGTERM handler (a stack trace, then death) in place of ours: a
+    # job's Stop is a SIGTERM, and it should stop Tune as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: COMMANDS.request_stop())
     try:
         resources = ray.cluster_resources()
         nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
@@ -394,6 +498,7 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
         if not COMMANDS.stop_all.is_set():
             make_tuner(spec, folder, base, args.resume).fit()
     except Exception as exc:
+        traceback.print_exc()  # on stderr (a job's log): the whole story behind the one line
         return end("failed", EXIT_FAILED, f"the sweep failed: {first_line(exc)}")
     finally:
         ray.shutdown()

@@ -138,3 +138,59 @@ def test_stop_a_trial_and_close_the_window_leave_no_process(make_window, names_p
     qtbot.waitUntil(lambda: not panel.runner.running, timeout=60_000)
     qtbot.waitUntil(lambda: launch.session_processes(pid) == [], timeout=30_000)
     assert Path(tmp_path / "long" / "events.jsonl").is_file()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_run_as_a_ray_job_shows_in_the_window_as_a_local_one(make_window, names_path, qtbot, monkeypatch,
+                                                                     tmp_path):
+    """The Cluster field with a job server's address: the sweep runs on a real two-node cluster
+    as a Ray job, its trials fill the table and the Runs tab as they come, a trial loads (the
+    cluster is this machine: its folder is readable here), and the job's Stop ends it."""
+    ray_env(monkeypatch, tmp_path)
+    pytest.importorskip("aiohttp", reason="sweeps as Ray jobs need ray[default]: pip install -e '.[test]'")
+    from sweep_support import Cluster, ray_environment
+
+    cluster = Cluster(ray_environment(tmp_path, MICROGPT_GUI_DATA_DIR=str(tmp_path / "cluster-data")),
+                      job_server=True)
+    try:
+        cluster.start()
+        window = make_window(names_path)
+        panel = window.explore.sweep_panel
+        panel.address_edit.setText("ray://nowhere:10001")
+        with qtbot.waitSignal(panel.messageShown, timeout=5000) as shown:
+            assert not panel.start(tmp_path / "refused")
+        assert "Ray Client (ray://) addresses are not used" in shown.args[2]
+        panel.set_text(GOOD)
+        panel.address_edit.setText(cluster.job_address)
+        assert panel.start(tmp_path / "job")
+        qtbot.waitUntil(lambda: panel.table.status == SweepStatus.DONE and not panel.runner.running,
+                        timeout=SWEEP_MS)
+        trials = panel.table.trials
+        assert panel.trial_table.rowCount() == len(trials) == 2
+        by_lr = {t.settings["learning_rate"]: t for t in trials.values()}
+        good, poor = by_lr[0.01], by_lr[0.0003]
+        assert good.status == TrialStatus.DONE and poor.status == TrialStatus.STOPPED_EARLY
+        assert f"({cluster.job_address}, Ray job microgpt-sweep-window-" in panel.status_label.text()
+        runs = {r.name: r for r in window.explore.run_list.runs}
+        assert runs[f"trial {good.trial}"].steps == 8000 and runs[f"trial {poor.trial}"].status == "stopped early"
+        assert (tmp_path / "job" / "results.json").is_file() and (tmp_path / "job" / "job.json").is_file()
+
+        panel.select_trial(good.trial)
+        qtbot.mouseClick(panel.load_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: window.state in ("ready", "done") and window.session.worker.step > 0,
+                        timeout=60_000)
+        assert window.session.worker.step == 8000 and window.run.train.learning_rate == 0.01
+
+        # a long sweep stopped from the window: the job stops, the trial as "stopped"
+        panel.set_text(GOOD.replace("steps = 8000", "steps = 400000").replace('kind = "asha"', 'kind = "none"')
+                       .replace("grace = 3000", ""))
+        assert panel.start(tmp_path / "long")
+        qtbot.waitUntil(lambda: any(t.step for t in panel.table.trials.values()), timeout=SWEEP_MS)
+        qtbot.mouseClick(panel.stop_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: not panel.runner.running, timeout=60_000)
+        assert panel.table.status == SweepStatus.STOPPED
+        assert {t.status for t in panel.table.trials.values()} == {TrialStatus.STOPPED}
+    finally:
+        left = cluster.stop()
+    assert left == []
