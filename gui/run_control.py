@@ -217,7 +217,7 @@ class RunController(QObject):
 
     def _open_session(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
         session = self.sessions.start(spec)
-        session.reports.event.connect(self._on_event)  # on the GUI thread; silent once ended
+        session.reports.reported.connect(self._on_event)  # on the GUI thread; silent once ended
         self._opening, self._warned = (dataset, path), False
         self.progress.opening()
         self.run.apply(rs.Open(spec))

@@ -40,14 +40,16 @@ _finishing: list["Session"] = []  # finished signal seen, QThread still ending
 class WorkerReports(QObject):
     """The worker's events, re-emitted on the GUI thread, until its session ends.
 
-    The window listens here, not to the worker: `event` is emitted on the GUI
+    The window listens here, not to the worker: `reported` is emitted on the GUI
     thread (queued from the worker's), and once the session has ended it is
-    blocked, so nothing an ended worker still had queued reaches the window."""
+    blocked, so nothing an ended worker still had queued reaches the window.
+    (Never name a signal `event`: it hides QObject.event, and PySide then keeps a
+    reference for every event Qt delivers, so the object is never freed.)"""
 
-    event = Signal(object)  # an engine.training.protocol event
+    reported = Signal(object)  # an engine.training.protocol event
 
     def relay(self, worker: TrainingWorker) -> None:
-        worker.event.connect(self.event)  # queued: self lives on the GUI thread
+        worker.reported.connect(self.reported)  # queued: self lives on the GUI thread
 
 
 class Session:

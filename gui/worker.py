@@ -1,6 +1,6 @@
 """Training off the GUI thread: a TrainingWorker (a QObject living in a QThread)
 that owns one backend, runs it in chunks of `backend.train(k)`, and reports
-by one signal, `event`, carrying engine.training.protocol events. No widget is
+by one signal, `reported`, carrying engine.training.protocol events. No widget is
 touched from here.
 
 The backend is created, used and closed in the worker's thread only (Futhark
@@ -45,7 +45,7 @@ SNAPSHOT_SHARE = 0.05
 
 
 class TrainingWorker(QObject):
-    event = Signal(object)  # an engine.training.protocol event
+    reported = Signal(object)  # a protocol event (named so: see gui.sessions.WorkerReports)
     finished = Signal()     # the backend is closed; the thread ends next
 
     def __init__(self, spec: RunSpec):
@@ -103,7 +103,7 @@ class TrainingWorker(QObject):
             self.finished.emit()
 
     def _emit(self, event: rs.Event) -> None:
-        self.event.emit(event)
+        self.reported.emit(event)
 
     def _run(self) -> None:
         try:

@@ -99,7 +99,7 @@ def test_sampling_during_and_after_training(make_window, names_path, names_corpu
     click(qtbot, window, "trainButton")
     wait_steps(qtbot, window)
     seen = []
-    window.session.worker.event.connect(
+    window.session.worker.reported.connect(
         lambda event: isinstance(event, Samples) and seen.append((window.state, event.step)))
     click(qtbot, window, "sampleButton")
     # both reach the GUI thread as queued events, the list's first: wait for both
