@@ -8,12 +8,14 @@ stays with the worker's backend; the window keeps only what it displays.
 
 Closing asks the save question first when a trained model would be lost;
 then the window hides at once and closes when the worker has finished, or
-gives up after sessions.END_BOUND_S (exit_hook). Nothing waits on the GUI
-thread.
+gives up after sessions.END_BOUND_S (exit_hook), but never while it writes a
+checkpoint. Messages after the close is decided go to stderr. Nothing waits
+on the GUI thread.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QTimer, Qt, Signal
@@ -172,6 +174,10 @@ class MainWindow(QMainWindow):
         """A message box (through message_hook) and a plain-text line in the status bar
         (`status`, or the text's first line)."""
         self.messages.append((kind, title, text))
+        if self._closing:  # the window is going (hidden): a box would go with it unread
+            print(f"microgpt-gui: {plain_text(text)}", file=sys.stderr)
+            self.messageShown.emit(kind, text)
+            return
         lines = [line for line in plain_text(status or text).splitlines() if line.strip()]
         self.statusBar().showMessage(lines[0] if lines else "", STATUS_MS)
         shown = self.statusBar().currentMessage()
@@ -305,6 +311,9 @@ class MainWindow(QMainWindow):
         self.runs.end_run()
 
     def _give_up_waiting(self) -> None:
+        if self.sessions.saving():  # a checkpoint asked for is never given up on
+            self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
+            return
         if self.sessions.busy_ending:
             self.exit_hook(f"the training thread is still busy ({self.sessions.waiting_for() or 'ending'}) "
                            f"{sessions_module.END_BOUND_S:g} s after the window was closed; exiting without "

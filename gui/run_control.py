@@ -94,6 +94,7 @@ class RunController(QObject):
         self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
         self.reading_problem: Callable[[], str] = lambda: ""
         self._warned = False        # engine.loss_warning shown for this run
+        self._told_after_end = False  # a checkpoint's outcome shown while the run was stopping
         self.progress = ProgressView(self, widgets.progress_bar, run, sessions)
         sessions.allEnded.connect(self._on_sessions_ended)
         run.subscribe(self._on_model)
@@ -179,12 +180,12 @@ class RunController(QObject):
 
     def reset(self) -> None:
         """Forget the run (after the save question): its worker ends (requests it still
-        has queued are dropped) and the display is cleared."""
+        has queued are dropped, but for checkpoints asked for) and the display is cleared."""
         self.guard.confirm("Reset", self.discard)
 
     def discard(self) -> None:
         self.clear_run()
-        self.end_run(then=None, serve_saves=False)
+        self.end_run(then=None)
 
     def request_samples(self, num_samples: int, temperature: float, seed: int,
                         max_length: int | None = None) -> None:
@@ -218,6 +219,7 @@ class RunController(QObject):
     def _open_session(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
         session = self.sessions.start(spec)
         session.reports.reported.connect(self._on_event)  # on the GUI thread; silent once ended
+        session.reports.reportedAfterEnd.connect(self._on_report_after_end)
         self._opening, self._warned = (dataset, path), False
         self.progress.opening()
         self.run.apply(rs.Open(spec))
@@ -291,6 +293,16 @@ class RunController(QObject):
         self.notify.status(f"Checkpoint saved to {event.path}", 10000)
         self.guard.on_saved(event.path)
 
+    def _on_report_after_end(self, event: rs.Event) -> None:
+        """A checkpoint asked for before the run ended, written after it (or not: its
+        error). The run model has moved on: only the user is told."""
+        self._told_after_end = True
+        if isinstance(event, rs.Saved):
+            if not event.autosave:
+                self.notify.status(f"Checkpoint saved to {event.path}", 10000)
+        elif isinstance(event, rs.Error):
+            self.notify.show_message("error", "microgpt-gui", event.message, event.details)
+
     def _on_extended(self, event: rs.Extended) -> None:
         self.run.extended(event.num_steps)
         self.w.progress_bar.setMaximum(event.num_steps)
@@ -329,6 +341,7 @@ class RunController(QObject):
         summarize = phase == Phase.DONE and self.progress.mark is not None  # it trained here
         self.progress.phase_changed(phase)
         if phase == Phase.STOPPING:
+            self._told_after_end = False
             waiting = self.sessions.waiting_for()
             self.notify.status("Stopping the run" + (f": waiting for the worker ({waiting})..."
                                                      if waiting else "..."), 0)
@@ -337,7 +350,7 @@ class RunController(QObject):
             if summarize:
                 message = f"{self._run_summary()}. {message}"
             self.notify.status(message, 0 if phase != Phase.RUNNING else 5000)
-        elif phase == Phase.NONE:
+        elif phase == Phase.NONE and not self._told_after_end:  # "Stopping the run..." goes
             self.notify.status("", 0)
 
     def _run_summary(self) -> str:

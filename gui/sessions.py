@@ -18,12 +18,12 @@ import sys
 import time
 import weakref
 
-from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal
+from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal, Slot
 
-from engine.training.protocol import End, RunSpec
+from engine.training.protocol import End, Error, Event, RunSpec, Saved
 
 from .background import emit_while_alive
-from .worker import TrainingWorker
+from .worker import SAVING, TrainingWorker
 
 # While a worker or a file read computes in Python, the GUI thread waits for the GIL
 # at each of its many short Qt calls, up to one switch interval (5 ms by default)
@@ -42,14 +42,28 @@ class WorkerReports(QObject):
 
     The window listens here, not to the worker: `reported` is emitted on the GUI
     thread (queued from the worker's), and once the session has ended it is
-    blocked, so nothing an ended worker still had queued reaches the window.
+    silent, so nothing an ended worker still had queued reaches the window, but
+    for what became of the checkpoints asked for before the end (an ending worker
+    still writes them): their Saved and any Error come by `reportedAfterEnd`.
     (Never name a signal `event`: it hides QObject.event, and PySide then keeps a
     reference for every event Qt delivers, so the object is never freed.)"""
 
-    reported = Signal(object)  # an engine.training.protocol event
+    reported = Signal(object)          # an engine.training.protocol event
+    reportedAfterEnd = Signal(object)  # a Saved or an Error that came after the end
+
+    def __init__(self):
+        super().__init__()
+        self.ended = False
 
     def relay(self, worker: TrainingWorker) -> None:
-        worker.reported.connect(self.reported)  # queued: self lives on the GUI thread
+        worker.reported.connect(self._relay)  # queued: self lives on the GUI thread
+
+    @Slot(object)
+    def _relay(self, event: Event) -> None:
+        if not self.ended:
+            self.reported.emit(event)
+        elif isinstance(event, (Saved, Error)):
+            self.reportedAfterEnd.emit(event)
 
 
 class Session:
@@ -73,14 +87,19 @@ class Session:
 
     def end(self, serve_saves: bool = True) -> None:
         """Ask the worker to end; returns at once (thread.finished follows). Its
-        reports stop here."""
-        self.reports.blockSignals(True)
+        reports stop here, but for its checkpoints' (reportedAfterEnd)."""
+        self.reports.ended = True
         self.worker.send(End(serve_saves))
 
     @property
     def waiting_for(self) -> str:
         """The call the worker is inside now, e.g. 'sampling 200 names' ('' if none)."""
         return self.worker.call
+
+    @property
+    def saving(self) -> bool:
+        """The worker is writing a checkpoint (which is never given up on)."""
+        return self.worker.call == SAVING
 
 
 class Sessions(QObject):
@@ -130,6 +149,10 @@ class Sessions(QObject):
     def waiting_for(self) -> str:
         """What the ending sessions are inside, e.g. 'sampling 200 names'."""
         return ", ".join(dict.fromkeys(s.waiting_for for s in self.ending if s.waiting_for))
+
+    def saving(self) -> bool:
+        """An ending session is writing a checkpoint."""
+        return any(s.saving for s in self.ending)
 
 
 def _release_when_finished(session: Session) -> None:

@@ -7,7 +7,8 @@ The backend is created, used and closed in the worker's thread only (Futhark
 contexts are not thread-safe). The GUI talks to the worker with `send(command)`
 (engine.training.protocol commands): most are queued and read between calls; Stop
 and End also set flags at once (`interrupt`: a sample in progress is
-cancelled; `ending`: close the backend and finish, queued requests dropped).
+cancelled; `ending`: close the backend and finish, queued requests dropped
+but for the checkpoints asked for, which are written first).
 So the GUI never waits for the worker: a command takes effect after the
 current call, which is a chunk of about TARGET_CHUNK_S, one step of a large
 model, or an opening or a save that cannot be cut short. The worker's phase
@@ -42,6 +43,7 @@ MAX_STEPS_PER_CHUNK = 4096
 # this often, and never costing more than SNAPSHOT_SHARE of the training time
 SNAPSHOT_INTERVAL_S = 0.25
 SNAPSHOT_SHARE = 0.05
+SAVING = "saving the checkpoint"  # `call` while a checkpoint is written
 
 
 class TrainingWorker(QObject):
@@ -128,9 +130,9 @@ class TrainingWorker(QObject):
                 self._move(rs.Finished())
             elif self.spec.autostart:
                 self._move(rs.Resume())
-            self._loop()
+            taken = self._loop()
             if self._serve_saves:
-                self._write_queued_saves()
+                self._write_queued_saves(taken)
         finally:
             self.call = "closing the backend"
             self._close(self.backend)
@@ -155,7 +157,9 @@ class TrainingWorker(QObject):
         finally:
             self.call = ""
 
-    def _loop(self) -> None:
+    def _loop(self) -> rs.Command | None:
+        """Commands and training chunks until the end; returns the command taken off
+        the queue when the end came, not carried out (a Save is still written)."""
         while not self._ending.is_set():
             if self.phase == Phase.DONE and self._commands.empty() and not self._heldout_current():
                 # a stopped run's held-out loss where it ended, or a finished run's whose last
@@ -167,7 +171,7 @@ class TrainingWorker(QObject):
             except queue.Empty:
                 command = None
             if self._ending.is_set():
-                return
+                return command
             if command is not None:
                 self._handle(command)
             elif self.phase == Phase.RUNNING:
@@ -253,7 +257,7 @@ class TrainingWorker(QObject):
         self._next_snapshot = time.monotonic() + spacing
 
     def _save(self, command: rs.Save) -> None:
-        self.call = "saving the checkpoint"
+        self.call = SAVING
         try:
             engine.save_checkpoint(command.path, self.backend)
         except Exception as exc:
@@ -264,13 +268,17 @@ class TrainingWorker(QObject):
             self.call = ""
         self._emit(rs.Saved(str(command.path), self.backend.step, command.autosave))
 
-    def _write_queued_saves(self) -> None:
-        """Ending: checkpoints the user asked for are still written; the rest is dropped."""
+    def _write_queued_saves(self, taken: rs.Command | None = None) -> None:
+        """Ending: checkpoints asked for (`taken`, the command the loop had taken
+        when the end came, and those still queued) are still written; the rest is
+        dropped."""
+        commands = [taken] if taken is not None else []
         while True:
             try:
-                command = self._commands.get_nowait()
+                commands.append(self._commands.get_nowait())
             except queue.Empty:
-                return
+                break
+        for command in commands:
             if isinstance(command, rs.Save):
                 self._save(command)
 

@@ -1,9 +1,10 @@
 """A NumPy backend made artificially slow, for the never-freeze tests and the soak.
 
-SlowBackend sleeps in `open`, in every `train(k)` call and in `sample`, as a
-large model, a compile or a long sampling run would. Its sampling honours
-`cancel` (polled every 10 ms) unless `Delays.cancellable` is off, like a
-backend whose sampling cannot be cut short. Above SMALL_MODEL parameters it
+SlowBackend sleeps in `open`, in every `train(k)` call, in `sample`, in each
+batch of the held-out evaluation and in get_state (a save), as a large model,
+a compile or a long sampling run would. Its sampling honours `cancel` (polled
+every 10 ms) unless `Delays.cancellable` is off, like a backend whose sampling
+cannot be cut short. Above SMALL_MODEL parameters it
 samples random names instead of computing them (only its timing matters there).
 """
 from __future__ import annotations
@@ -28,13 +29,15 @@ class Delays:
     open_s: float = 0.0
     train_s: float = 0.0    # per train(k) call
     sample_s: float = 0.0   # per sample() call
+    heldout_s: float = 0.0  # per batch of held-out documents (the evaluation is cancelled between batches)
+    state_s: float = 0.0    # per get_state() (a checkpoint's save, a snapshot)
     cancellable: bool = True
 
 
 class SlowBackend(NumpyBackend):
     name = NAME
     delays = Delays()
-    calls: dict[str, int] = {"open": 0, "train": 0, "sample": 0, "sample_started": 0}
+    calls: dict[str, int] = {"open": 0, "train": 0, "sample": 0, "sample_started": 0, "heldout_batch": 0}
     _lock = threading.Lock()
 
     def __init__(self, model, train, corpus, params=None):
@@ -51,6 +54,15 @@ class SlowBackend(NumpyBackend):
         self._count("train")
         time.sleep(self.delays.train_s)
         return super()._train_steps(k)
+
+    def get_state(self):
+        time.sleep(self.delays.state_s)
+        return super().get_state()
+
+    def _doc_losses(self, batch) -> np.ndarray:
+        self._count("heldout_batch")
+        time.sleep(self.delays.heldout_s)
+        return super()._doc_losses(batch)
 
     def _sample_ids(self, num_samples, temperature, seed, prefix, cancel=None, *, max_length):
         self._count("sample_started")

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QListWidget
 import engine
 import slow_backend
 from engine.training.protocol import Sample, Save
+from gui import sessions
 from latency_probe import LatencyProbe
 from slow_backend import Delays, SlowBackend
 from test_window import TIMEOUT_MS, wait_state
@@ -159,7 +160,9 @@ def test_stop_cancels_a_sample_in_progress(make_window, names_path, slow, qtbot)
     assert window.sample_panel.names() == []
 
 
-def test_reset_drops_requests_still_queued(make_window, names_path, slow, qtbot, tmp_path):
+def test_reset_drops_requests_still_queued_but_writes_the_checkpoints(make_window, names_path, slow, qtbot,
+                                                                      tmp_path):
+    """Reset discards the run, not a save asked for before it (issue 27)."""
     slow(sample_s=2.0, cancellable=False)
     window = make_window(names_path)
     start_slow_run(qtbot, window)
@@ -171,7 +174,7 @@ def test_reset_drops_requests_still_queued(make_window, names_path, slow, qtbot,
     window.reset()
     wait_state(qtbot, window, "none")
     assert SlowBackend.calls["sample_started"] == 1  # the second request was not served
-    assert not (tmp_path / "queued.npz").exists()
+    assert engine.read_checkpoint(tmp_path / "queued.npz").step == worker.step > 0
     assert window.findChild(QListWidget, "samplesList").count() == 0
 
 
@@ -182,6 +185,21 @@ def test_closing_still_writes_a_queued_checkpoint(make_window, names_path, slow,
     window.request_samples(5, 0.5, 0)
     wait_inside(qtbot, "sample_started")
     path = tmp_path / "asked-for.npz"
+    window.save_checkpoint(str(path))
+    with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
+        window.close()
+    assert engine.read_checkpoint(path).step > 0
+
+
+def test_a_closed_window_waits_for_a_checkpoint_past_its_bound(make_window, names_path, slow, qtbot, tmp_path,
+                                                                monkeypatch):
+    """The closed window gives up on a busy worker after END_BOUND_S, but not on one
+    writing a checkpoint (make_window's teardown fails on a give-up)."""
+    monkeypatch.setattr(sessions, "END_BOUND_S", 0.3)
+    slow(state_s=1.5)
+    window = make_window(names_path)
+    start_slow_run(qtbot, window)
+    path = tmp_path / "slow-save.npz"
     window.save_checkpoint(str(path))
     with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
         window.close()

@@ -201,6 +201,60 @@ def test_closing_during_a_long_call_asks_then_hides_at_once(make_window, names_p
         slow_backend.unregister()
 
 
+def save_during_the_held_out_pass_then(window, qtbot, path, action):
+    """Stop a slow-backend run, ask for a save of it while the worker evaluates the
+    held-out loss (a pass of 3 s batches), then Quit or Reset and Discard (the run,
+    not the save) within that batch: the End comes before the worker takes the Save."""
+    window.ask_before_discarding = True
+    assert window.config_panel.select_backend(slow_backend.NAME)
+    set_steps(window, 1_000_000)
+    window.start_run()
+    qtbot.waitUntil(lambda: window.loss_plot.series.n > 0, timeout=TIMEOUT_MS)
+    slow_backend.SlowBackend.delays = slow_backend.Delays(heldout_s=3.0)
+    window.stop()
+    wait_state(qtbot, window, "done")
+    worker = window.session.worker
+    qtbot.waitUntil(lambda: worker.call == "evaluating the held-out loss", timeout=TIMEOUT_MS)
+    window.save_checkpoint(str(path))  # queued: the pass gives way at its next batch
+    window.close() if action == "quit" else window.reset()
+    answer(qtbot, window, QMessageBox.Discard)
+    qtbot.waitUntil(lambda: not window.sessions.busy_ending, timeout=TIMEOUT_MS)
+    return worker.step
+
+
+@pytest.mark.parametrize("action", ["quit", "reset"])
+def test_a_save_asked_for_during_the_held_out_pass_is_written_whatever_ends_the_run(
+        make_window, names_path, qtbot, tmp_path, action):
+    """Issue 27: the worker took the Save off its queue, saw the end and dropped it."""
+    slow_backend.register(slow_backend.Delays())
+    try:
+        window = make_window(names_path)
+        path = tmp_path / "asked.npz"
+        step = save_during_the_held_out_pass_then(window, qtbot, path, action)
+        assert engine.read_checkpoint(path).step == step > 0
+        if action == "reset":
+            qtbot.waitUntil(lambda: window.statusBar().currentMessage() == f"Checkpoint saved to {path}",
+                            timeout=TIMEOUT_MS)
+    finally:
+        slow_backend.unregister()
+
+
+@pytest.mark.parametrize("action", ["quit", "reset"])
+def test_a_save_that_fails_after_the_run_ended_says_so(make_window, names_path, qtbot, tmp_path, capfd, action):
+    slow_backend.register(slow_backend.Delays())
+    try:
+        window = make_window(names_path)
+        (tmp_path / "a file").write_text("not a folder")
+        path = tmp_path / "a file" / "asked.npz"
+        save_during_the_held_out_pass_then(window, qtbot, path, action)
+        qtbot.waitUntil(lambda: bool(window.messages) and window.messages[-1][0] == "error", timeout=TIMEOUT_MS)
+        assert str(path) in window.messages[-1][2] and not path.exists()
+        if action == "quit":  # the window is gone: said on stderr
+            assert f"could not save the checkpoint {path}" in capfd.readouterr().err
+    finally:
+        slow_backend.unregister()
+
+
 # going on -------------------------------------------------------------------------------------
 def test_stop_then_resume_gives_the_uninterrupted_losses(make_window, names_path, names_corpus, qtbot):
     window = make_window(names_path)
