@@ -201,6 +201,27 @@ def test_closing_during_a_long_call_asks_then_hides_at_once(make_window, names_p
         slow_backend.unregister()
 
 
+def test_closing_before_the_first_step_is_reported_asks(make_window, names_path, qtbot):
+    """A running run is unsaved from its start: the window has not seen a step yet
+    (the first call takes 3 s here), the worker is making them (issue 27)."""
+    slow_backend.register(slow_backend.Delays(train_s=3.0))
+    try:
+        window = make_window(names_path)
+        window.ask_before_discarding = True
+        assert window.config_panel.select_backend(slow_backend.NAME)
+        set_steps(window, 1_000_000)
+        window.start_run()
+        wait_state(qtbot, window, "running")
+        qtbot.waitUntil(lambda: slow_backend.SlowBackend.calls["train"] == 1, timeout=TIMEOUT_MS)
+        window.close()
+        assert window.loss_plot.series.n == 0 and window.isVisible()
+        assert question(window) is not None and "is training" in question(window).text()
+        with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
+            answer(qtbot, window, QMessageBox.Discard)
+    finally:
+        slow_backend.unregister()
+
+
 def save_during_the_held_out_pass_then(window, qtbot, path, action):
     """Stop a slow-backend run, ask for a save of it while the worker evaluates the
     held-out loss (a pass of 3 s batches), then Quit or Reset and Discard (the run,
