@@ -309,8 +309,9 @@ class RunController(QObject):
         self.w.loss_plot.follow_run(event.num_steps)
 
     def _on_status(self, event: rs.Status) -> None:
-        self.notify.status(event.text, 10000)
-        if self.run.phase == Phase.OPENING:
+        opening = self.run.phase == Phase.OPENING
+        self.notify.status(event.text, 0 if opening else 10000)  # an opening's: until the run opens
+        if opening:
             self.progress.update_text()
 
     def _on_error(self, event: rs.Error) -> None:

@@ -1,8 +1,9 @@
 """The run's progress bar and the figures it shows: steps, rate and ETA while
 training, "stopping… (waiting for: …)" while an ended run's worker finishes
-its call, and the seconds an opening has taken (a compiled backend builds its
-kernels on first use, which can take minutes). Also the small formats the
-status bar uses (rates, durations, the end-of-run summary).
+its call, and what an opening is doing (a compiled backend builds its
+kernels on first use, which can take minutes) and for how many seconds so
+far. Also the small formats the status bar uses (rates, durations, the
+end-of-run summary).
 """
 from __future__ import annotations
 
@@ -90,9 +91,13 @@ class ProgressView(QObject):
             bar.setFormat("stopping…" + (f" (waiting for: {waiting})" if waiting else ""))
             return
         if phase == Phase.OPENING:  # a compiled backend may build for minutes on first use: count them
-            bar.setRange(0, 0)
+            # not a busy bar (range 0..0): Qt draws no text on one
+            bar.setRange(0, 1)
+            bar.setValue(0)
             elapsed = time.monotonic() - self._opening_since
-            bar.setFormat(f"opening the {self.run.backend} backend… {elapsed:.0f} s")
+            session = self.sessions.current
+            doing = (session.waiting_for if session is not None else "") or f"opening the {self.run.backend} backend"
+            bar.setFormat(f"{doing}… {elapsed:.0f} s")
             return
         if self.run.train is None:
             return

@@ -31,6 +31,7 @@ import numpy as np
 from PySide6.QtCore import QObject, Signal, Slot
 
 import engine
+from engine.futhark.build import BuildEvent, add_build_listener
 from engine.training import protocol as rs
 from engine.model.introspect import Snapshot
 from engine.training.heldout import HoldoutSchedule, evaluate_if_due, evaluation_estimate
@@ -150,12 +151,24 @@ class TrainingWorker(QObject):
         self.call = f"opening the {spec.backend} backend"
         self._emit(rs.Status(f"Opening backend {spec.backend} (a compiled backend builds its kernels "
                              "on first use; that can take a while)..."))
+        opener = threading.get_ident()
+        # a Futhark library built on first use (tens of seconds): said as the command line says it
+        remove = add_build_listener(lambda event: threading.get_ident() == opener and self._on_build(event))
         try:
             if spec.checkpoint is not None:
                 return engine.load_checkpoint(spec.checkpoint, backend=spec.backend)
             return engine.open_backend(spec.backend, spec.model, spec.train, spec.corpus)
         finally:
+            remove()
             self.call = ""
+
+    def _on_build(self, event: BuildEvent) -> None:
+        """A build this opening started, or ended (engine.futhark.build's announcement)."""
+        if event.phase == "start":
+            self.call = f"building {event.backend} (first use, {event.estimate})"  # the status says from what
+        else:
+            self.call = f"opening the {self.spec.backend} backend"
+        self._emit(rs.Status(event.message()))
 
     def _loop(self) -> rs.Command | None:
         """Commands and training chunks until the end; returns the command taken off
