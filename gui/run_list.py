@@ -31,7 +31,7 @@ from engine.training.records import RunRecord
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema_last
 from .plot_axes import AXES, NAMES, SECONDS, STEP, axis_label
-from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height
+from .run_table import COLUMNS, HEADERS, TABLE_ROWS, legend_labels, row_texts, swatch, table_height
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
@@ -59,14 +59,16 @@ class RunListPanel(QWidget):
         self.reference_hash = ""  # the dataset runs are compared on ("" : none yet)
 
         self.table = QTableWidget(0, len(COLUMNS), objectName="runList")
-        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setHorizontalHeaderLabels([HEADERS.get(c, c) for c in COLUMNS])
         self.table.setToolTip("Every run of this session; tick runs to overlay their smoothed loss curves")
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setStretchLastSection(True)
+        # the dataset, last, takes the room the others leave: the table fits its pane
+        header.setSectionResizeMode(COLUMNS.index("Dataset"), QHeaderView.Stretch)
+        self.table.setTextElideMode(Qt.ElideMiddle)  # a long file name keeps its end
         self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
         for key, text in AXES:  # the loss plot's axes, in its words
@@ -158,6 +160,17 @@ class RunListPanel(QWidget):
             self._dirty.discard(id(record))
         self._show_info()
         self.checkedChanged.emit()
+
+    def replace_run(self, old: RunRecord, new: RunRecord) -> None:
+        """new in old's row, with its colour and tick (a reloaded run's fresh record)."""
+        row = self._row(old)
+        self._undraw(old)
+        self.runs[row] = new
+        self._colors[id(new)] = self._colors.pop(id(old))
+        self._dirty.discard(id(old))
+        self._fill_row(row)
+        self._draw(new)
+        self._show_info()
 
     def remove_selected(self) -> None:
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
@@ -270,7 +283,8 @@ class RunListPanel(QWidget):
             item.setForeground(self.palette().text() if comparable else QColor(130, 130, 130))
         self.table.item(row, 0).setToolTip(f"{r.model}, {r.train}")
         self.table.item(row, COLUMNS.index("Dataset")).setToolTip(
-            "" if comparable else "Trained on another dataset than the current run: its losses are not comparable")
+            r.dataset if comparable else
+            f"{r.dataset}: another dataset than the current run's; its losses are not comparable")
         self.table.blockSignals(False)
 
     def _xy(self, record: RunRecord) -> tuple[np.ndarray, np.ndarray]:
@@ -307,8 +321,7 @@ class RunListPanel(QWidget):
             return
         comparable = self.comparable(record)
         pen = pg.mkPen(*self._colors[id(record)], width=2, style=Qt.SolidLine if comparable else Qt.DashLine)
-        label = f"{record.name}: {record.preset}, {record.backend}, lr {record.train.learning_rate:g}"
-        label += "" if comparable else f" ({OTHER_DATASET}: {record.dataset})"
+        label = self._legend_labels().get(id(record), record.name)
         if self.y_values == HELDOUT:  # few points: markers, drawn whole
             color = self._colors[id(record)]
             curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, symbol="o", symbolSize=6,
@@ -318,6 +331,26 @@ class RunListPanel(QWidget):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
         self.curves[id(record)] = curve
+        self._relabel()  # the others' labels say what differs from this one
+
+    def _legend_labels(self) -> dict[int, str]:
+        """id(record) -> its legend label, for the ticked runs."""
+        checked = self.checked_runs()
+        labels = legend_labels(checked)
+        return {id(r): label + ("" if self.comparable(r) else f" ({OTHER_DATASET}: {r.dataset})")
+                for r, label in zip(checked, labels)}
+
+    def _relabel(self) -> None:
+        """The ticked runs' legend labels, after the set of ticked runs (or a run's
+        settings) changed."""
+        changed = False
+        for key, label in self._legend_labels().items():
+            item = self.legend.getLabel(self.curves[key]) if key in self.curves else None
+            if item is not None and item.text != label:
+                item.setText(label)
+                changed = True
+        if changed:
+            self.legend.updateSize()
 
     def _undraw(self, record: RunRecord) -> None:
         curve = self.curves.pop(id(record), None)
@@ -375,6 +408,7 @@ class RunListPanel(QWidget):
         item.setLabel("bottom", label, units=units)
 
     def _show_info(self) -> None:
+        self._relabel()
         checked = self.checked_runs()
         untimed = [r.name for r in checked if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]
         other = [r.name for r in checked if not self.comparable(r)]

@@ -333,6 +333,37 @@ def test_the_dataset_box_and_the_runs_table_show_the_run_s_own_dataset(
     assert panel.table.item(1, 0).font().italic() and "not comparable" in panel.info.text()
 
 
+def test_a_reloaded_checkpoint_continues_its_run_s_row(make_window, names_path, names_corpus, qtbot, tmp_path):
+    """Save at 60 steps, continue to 120, load the checkpoint: one row, rewound to step
+    60 with its step times; loaded again, still one row; another run's checkpoint is
+    a run of its own (issue 27: a loaded checkpoint appeared as a second copy)."""
+    window = make_window(names_path)
+    train_to_end(qtbot, window, 60)
+    path = tmp_path / "sixty.npz"
+    window.save_checkpoint(str(path))
+    qtbot.waitUntil(lambda: not window.run.unsaved, timeout=TIMEOUT_MS)
+    set_steps(window, 120)
+    click(qtbot, window, "trainButton")  # Continue to 120 steps
+    qtbot.waitUntil(lambda: window.loss_plot.series.n == 120 and window.state == "done", timeout=TIMEOUT_MS)
+    panel = window.run_list
+    record = panel.runs[0]
+    assert record.steps == 120
+    for _ in range(2):
+        window.load_checkpoint(str(path))
+        qtbot.waitUntil(lambda: window.run.saved_path == str(path) and window.state == "done", timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: panel.runs[-1].status == "loaded", timeout=TIMEOUT_MS)
+        assert panel.runs == [record] and panel.table.rowCount() == 1
+        assert record.steps == 60 and record.train.num_steps == 60 and not np.isnan(record.ms_per_step)
+        np.testing.assert_array_equal(record.losses, window.session.worker.loss_history())
+    window.load_checkpoint(str(saved_elsewhere(names_corpus, tmp_path)))
+    qtbot.waitUntil(lambda: len(panel.runs) == 2, timeout=TIMEOUT_MS)
+    assert [r.name for r in panel.runs] == ["run 1", "run 2"] and panel.runs[1].steps == 30
+    window.tabs.setCurrentWidget(panel)  # the table is filled while on screen
+    steps, status = COLUMNS.index("Steps"), COLUMNS.index("Status")
+    assert [(panel.table.item(r, steps).text(), panel.table.item(r, status).text()) for r in range(2)] == [
+        ("60", "loaded"), ("30", "loaded")]
+
+
 def test_runs_can_be_removed_and_an_ended_run_is_compacted(qtbot):
     from gui.run_list import RunListPanel
 
