@@ -180,10 +180,10 @@ class MainWindow(QMainWindow):
             return
         lines = [line for line in plain_text(status or text).splitlines() if line.strip()]
         self.statusBar().showMessage(lines[0] if lines else "", STATUS_MS)
-        shown = self.statusBar().currentMessage()
+        shown = self.statusBar().message()
         box = self.message_hook(self, kind, title, text, details) if self.message_hook is not None else None
         if hasattr(box, "finished"):  # the box read and closed: its line leaves the status bar too
-            box.finished.connect(lambda *_: self.statusBar().currentMessage() == shown
+            box.finished.connect(lambda *_: self.statusBar().message() == shown
                                  and self.statusBar().clearMessage())
         self.messageShown.emit(kind, text)
 

@@ -37,7 +37,8 @@ from .sessions import Session, Sessions
 
 EDITABLE = (Phase.NONE, Phase.READY, Phase.DONE, Phase.FAILED, Phase.STOPPING)  # settings can change
 STATE_MESSAGES = {Phase.RUNNING: "Training...", Phase.PAUSED: "Paused", Phase.READY: "Ready to resume training",
-                  Phase.DONE: "Run ended: you can sample, save a checkpoint, resume or train again"}
+                  Phase.DONE: "Run ended: you can sample, save a checkpoint, continue to more steps or train again"}
+STOPPED_MESSAGE = "Stopped at step {step:,}: Resume trains on; you can also sample or save a checkpoint"
 
 
 def train_label(choice: TrainChoice, phase: Phase, num_steps: int) -> str:
@@ -348,8 +349,11 @@ class RunController(QObject):
                                                      if waiting else "..."), 0)
         if phase in STATE_MESSAGES:
             message = STATE_MESSAGES[phase]
+            if phase == Phase.DONE and not self.run.finished:  # stopped: it can resume
+                message = STOPPED_MESSAGE.format(step=self.run.step)
             if summarize:
-                message = f"{self._run_summary()}. {message}"
+                summary = self._run_summary()
+                message = f"{summary}. {message}" if summary else message
             self.notify.status(message, 0 if phase != Phase.RUNNING else 5000)
         elif phase == Phase.NONE and not self._told_after_end:  # "Stopping the run..." goes
             self.notify.status("", 0)
@@ -357,7 +361,7 @@ class RunController(QObject):
     def _run_summary(self) -> str:
         worker, opened_at = self.session.worker, self.run.saved_step if self.run.from_checkpoint else 0
         steps = worker.step - opened_at
-        return run_summary(steps, worker.train_seconds) if steps and worker.train_seconds > 0 else "Stopped"
+        return run_summary(steps, worker.train_seconds) if steps and worker.train_seconds > 0 else ""
 
     def _on_redrawn(self) -> None:
         if self.run.train is not None and self.run.phase not in (Phase.OPENING, Phase.STOPPING):

@@ -156,6 +156,9 @@ def test_stop_ends_the_run_early(make_window, names_path, qtbot):
     assert not widget(window, QPushButton, "stopButton").isEnabled()
     assert widget(window, QProgressBar, "progressBar").value() == step
     assert widget(window, QPushButton, "trainButton").text() == "Resume"  # the run stays: it can go on
+    # and the status bar says so (issue 27: "Run ended" though Resume was offered)
+    message = window.statusBar().message()
+    assert f"Stopped at step {step:,}: Resume trains on" in message and "ended" not in message
 
 
 def test_reset_clears_the_run(make_window, names_path, qtbot):
