@@ -7,10 +7,11 @@ gui.explore (the explore tabs). The run's state (step, losses, parameters)
 stays with the worker's backend; the window keeps only what it displays.
 
 Closing asks the save question first when a trained model would be lost;
-then the window hides at once and closes when the worker has finished, or
-gives up after sessions.END_BOUND_S (exit_hook), but never while it writes a
-checkpoint. Messages after the close is decided go to stderr. Nothing waits
-on the GUI thread.
+then the window closes at once, or, when a checkpoint asked for is still to
+be written, hides at once and closes once it is, giving up after
+sessions.END_BOUND_S (exit_hook) only while the worker is inside another
+call. Messages after the close is decided go to stderr. Nothing waits on the
+GUI thread.
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class MainWindow(QMainWindow):
         self.message_hook = show_message_box             # replaceable, e.g. by tests
         self.exit_hook = exit_now  # called if a closed window's worker outlasts END_BOUND_S
         self._closing = False      # the close is decided: the window hides, then closes
+        self._closed = False       # `closed` was emitted
         self._exit_timer = QTimer(self, singleShot=True)
         self._exit_timer.timeout.connect(self._give_up_waiting)
 
@@ -283,15 +285,19 @@ class MainWindow(QMainWindow):
                 self.runs.guard.confirm("Quitting", self.close_without_asking)
                 return
             self._begin_closing()
-        if self.sessions.busy_ending:  # hide now, close when the worker has finished
+        if self.sessions.saves_pending():  # hide now, close when the checkpoints asked for are written
             event.ignore()
             self.hide()
             if not self._exit_timer.isActive():
                 self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
             return
+        # nothing left to write: closed now, though a worker may still be finishing its call (the
+        # app then exits without waiting for it: gui.app.leave)
         self._exit_timer.stop()
         super().closeEvent(event)
-        self.closed.emit()
+        if not self._closed:
+            self._closed = True
+            self.closed.emit()
 
     def close_without_asking(self) -> bool:
         """Close now, whatever is unsaved (after the question's answer, or when the
@@ -311,13 +317,13 @@ class MainWindow(QMainWindow):
         self.runs.end_run()
 
     def _give_up_waiting(self) -> None:
-        if self.sessions.saving():  # a checkpoint asked for is never given up on
+        if self.sessions.saving():  # a checkpoint being written is never given up on
             self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
             return
-        if self.sessions.busy_ending:
+        if self.sessions.saves_pending():  # stuck in another call before them: said, not silent
             self.exit_hook(f"the training thread is still busy ({self.sessions.waiting_for() or 'ending'}) "
                            f"{sessions_module.END_BOUND_S:g} s after the window was closed; exiting without "
-                           "waiting for it")
+                           "waiting for it: the checkpoints asked for after its call are not written")
 
     # settings ---------------------------------------------------------------------
     def _restore_settings(self) -> None:

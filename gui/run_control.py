@@ -96,6 +96,7 @@ class RunController(QObject):
         self.reading_problem: Callable[[], str] = lambda: ""
         self._warned = False        # engine.loss_warning shown for this run
         self._told_after_end = False  # a checkpoint's outcome shown while the run was stopping
+        self._stop_asked = False      # Stop sent, the worker has not stopped yet
         self.progress = ProgressView(self, widgets.progress_bar, run, sessions)
         sessions.allEnded.connect(self._on_sessions_ended)
         run.subscribe(self._on_model)
@@ -177,7 +178,13 @@ class RunController(QObject):
         return True
 
     def stop(self) -> None:
-        self.send(rs.Stop())
+        """Stop after the call in progress (a large model's step cannot be cut short):
+        said at once, the Stop action off until the worker has stopped."""
+        if self.send(rs.Stop()):
+            self._stop_asked = True
+            self.notify.status("Stopping after the step in progress...", 0)
+            self.progress.stop_asked()
+            self.update_actions()
 
     def reset(self) -> None:
         """Forget the run (after the save question): its worker ends (requests it still
@@ -338,6 +345,7 @@ class RunController(QObject):
 
     def _on_phase_changed(self, phase: Phase) -> None:
         w = self.w
+        self._stop_asked = False
         if phase != Phase.RUNNING:
             w.loss_plot.flush()
         summarize = phase == Phase.DONE and self.progress.mark is not None  # it trained here
@@ -393,7 +401,7 @@ class RunController(QObject):
         self.train_action.setEnabled(enabled)
         self.w.train_button.setToolTip(problem if choice in (TrainChoice.NEW, TrainChoice.WAIT) and problem
                                        else self.train_action.toolTip())
-        self.stop_action.setEnabled(phase in ACTIVE)
+        self.stop_action.setEnabled(phase in ACTIVE and not self._stop_asked)
         self.reset_action.setEnabled(self.session is not None or self.w.loss_plot.series.n > 0
                                      or self._after_ending is not None)
         self.sample_action.setEnabled(self.run.has_model)

@@ -55,6 +55,7 @@ class ProgressView(QObject):
         self.mark: tuple[float, int] | None = None  # (time, step) of the last rate measurement
         self._opening_since = 0.0
         self.batch_size, self.train_docs = 1, 0  # the run's names per step and training names
+        self.stopping = False  # Stop asked, the step in progress not ended yet
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self.update_text)
         self.reset()
@@ -73,7 +74,12 @@ class ProgressView(QObject):
         if running:
             self.mark = (now, step)
 
+    def stop_asked(self) -> None:
+        self.stopping = True
+        self.update_text()
+
     def phase_changed(self, phase: Phase) -> None:
+        self.stopping = False
         if phase == Phase.RUNNING:
             self.mark = (time.monotonic(), self.bar.value())
         if phase in (Phase.FAILED, Phase.STOPPING, Phase.NONE):
@@ -105,7 +111,9 @@ class ProgressView(QObject):
         text = f"{step:,} / {total:,} steps"
         epoch = epoch_text(step, self.batch_size, self.train_docs, always=True, names=True)
         text += f"  ·  {epoch}" if epoch else ""
-        if phase == Phase.RUNNING and self.rate:
+        if phase in (Phase.RUNNING, Phase.PAUSED) and self.stopping:
+            text += "  ·  stopping after this step…"
+        elif phase == Phase.RUNNING and self.rate:
             text += f"  ·  {self.rate:,.0f} steps/s  ·  ETA {format_duration((total - step) / self.rate)}"
         elif phase in (Phase.PAUSED, Phase.DONE, Phase.READY):
             text += {Phase.PAUSED: "  ·  paused", Phase.DONE: "  ·  done" if step >= total else "  ·  stopped",

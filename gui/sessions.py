@@ -101,6 +101,11 @@ class Session:
         """The worker is writing a checkpoint (which is never given up on)."""
         return self.worker.call == SAVING
 
+    @property
+    def saves_pending(self) -> bool:
+        """A checkpoint asked for is still to be written (queued or being written)."""
+        return self.worker.saves_pending
+
 
 class Sessions(QObject):
     """The current session and those still ending; `allEnded` when the last one has."""
@@ -154,6 +159,10 @@ class Sessions(QObject):
         """An ending session is writing a checkpoint."""
         return any(s.saving for s in self.ending)
 
+    def saves_pending(self) -> list[Session]:
+        """The ending sessions that still have a checkpoint to write."""
+        return [s for s in self.ending if s.saves_pending]
+
 
 def _release_when_finished(session: Session) -> None:
     """Hold the session until its thread is past QThread's own ending, then let it go:
@@ -177,6 +186,11 @@ def shorten_gil_switch_interval() -> None:
 
 def running_sessions() -> list[Session]:
     return [s for s in list(_alive) if s.thread.isRunning()]
+
+
+def saving_sessions() -> list[Session]:
+    """Running sessions with a checkpoint still to write (the process must wait for them)."""
+    return [s for s in running_sessions() if s.saves_pending]
 
 
 def exit_now(message: str, status: int = 0) -> None:

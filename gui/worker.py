@@ -71,6 +71,9 @@ class TrainingWorker(QObject):
         self._holdout = HoldoutSchedule()  # held-out evaluations: at most its share of the training time
         self._evaluating = True  # False once an evaluation failed: training goes on without them
         self._diverged = False     # a diverged run's parameters are not evaluated
+        # checkpoints asked for, and those written (or refused): each count has one writer thread
+        self._saves_sent = 0     # the GUI thread's
+        self._saves_settled = 0  # this worker's
 
     # called from the GUI thread (never waits) ---------------------------------
     def send(self, command: rs.Command) -> None:
@@ -79,6 +82,8 @@ class TrainingWorker(QObject):
         if isinstance(command, rs.WantSnapshots):
             (self._snapshots_wanted.set if command.wanted else self._snapshots_wanted.clear)()
             return
+        if isinstance(command, rs.Save):
+            self._saves_sent += 1
         if isinstance(command, rs.End):
             self._serve_saves = command.serve_saves
             self._ending.set()
@@ -95,6 +100,11 @@ class TrainingWorker(QObject):
     @property
     def steps_per_chunk(self) -> int:
         return self._k
+
+    @property
+    def saves_pending(self) -> bool:
+        """A checkpoint asked for is not written yet (queued, or being written)."""
+        return self._saves_sent > self._saves_settled
 
     # the worker's thread ----------------------------------------------------
     @Slot()
@@ -192,6 +202,9 @@ class TrainingWorker(QObject):
                 time.sleep(0)  # hand the GIL to the GUI thread if it is waiting
 
     def _handle(self, command: rs.Command) -> None:
+        if isinstance(command, rs.Save):
+            self._settle(command, allows(self.phase, command))
+            return
         if isinstance(command, rs.Stop):
             self._interrupt.clear()
         if not allows(self.phase, command):
@@ -205,8 +218,6 @@ class TrainingWorker(QObject):
             self._move(command)
         elif isinstance(command, rs.Sample):
             self._sample(command)
-        elif isinstance(command, rs.Save):
-            self._save(command)
         elif isinstance(command, rs.TakeSnapshot):
             self._send_snapshot()
         elif isinstance(command, rs.Extend):
@@ -293,7 +304,15 @@ class TrainingWorker(QObject):
                 break
         for command in commands:
             if isinstance(command, rs.Save):
+                self._settle(command, True)
+
+    def _settle(self, command: rs.Save, write: bool) -> None:
+        """A checkpoint asked for, written (or refused: not in this phase), and counted."""
+        try:
+            if write:
                 self._save(command)
+        finally:
+            self._saves_settled += 1
 
     def _train_chunk(self) -> None:
         backend = self.backend
