@@ -174,7 +174,7 @@ class ExploreController(QObject):
         """The run in the list that the checkpoint at `path` was saved from or loaded
         into, if it is still listed and is that network on that dataset."""
         record = self._record_of_path.get(path) if path else None
-        if record is None or not any(r is record for r in self.run_list.runs):
+        if record is None or not self.run_list.listed(record):
             return None
         same_data = dataset is None or not record.dataset_hash or record.dataset_hash == dataset.content_hash
         return record if record.model == info.model and same_data else None

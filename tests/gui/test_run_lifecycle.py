@@ -330,6 +330,7 @@ def test_the_dataset_box_and_the_runs_table_show_the_run_s_own_dataset(
     assert [panel.table.item(r, dataset_col).text() for r in range(3)] == [
         "names.txt", "other.txt", "the dataset in elsewhere.npz"]
     assert [panel.comparable(r) for r in panel.runs] == [True, False, True]  # the loaded run is names.txt's
+    window.tabs.setCurrentWidget(panel)  # (a hidden Runs tab is restyled when shown)
     assert panel.table.item(1, 0).font().italic() and "not comparable" in panel.info.text()
 
 

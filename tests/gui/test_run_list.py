@@ -185,3 +185,29 @@ def test_the_table_fits_the_runs_pane_of_the_default_window(make_window, names_p
     dataset = table.item(0, COLUMNS.index("Dataset"))
     assert dataset.toolTip() == "names.txt" and header.sectionSize(COLUMNS.index("Dataset")) >= (
         table.fontMetrics().horizontalAdvance("names.txt"))
+
+
+def test_a_new_smoothing_sets_only_the_cells_it_changes_and_waits_for_a_hidden_tab(qtbot):
+    """Issue 27: the smoothing slider stalled the window (150-196 ms) once many runs were
+    listed: every cell of every row was set again, and each change made the table
+    measure its columns over every row."""
+    panel = RunListPanel()
+    qtbot.addWidget(panel)
+    panel.resize(800, 600)
+    runs = [record(f"run {i + 1}", "tiny", 0.01, 200, 0.001, i) for i in range(30)]
+    for r in runs:
+        panel.add_run(r)
+    changed = []
+    panel.table.model().dataChanged.connect(lambda top, bottom, roles: changed.append((top.row(), top.column())))
+    smoothed = COLUMNS.index("Smoothed loss")
+    panel.set_smoothing(0.5)  # hidden: nothing drawn yet
+    assert changed == []
+    panel.show()
+    qtbot.waitUntil(lambda: len(changed) == len(runs), timeout=2000)
+    assert sorted(changed) == [(row, smoothed) for row in range(len(runs))]
+    assert [panel.table.item(row, smoothed).text() for row in range(len(runs))] == [
+        f"{ema(r.losses, 0.5)[0][-1]:.4f}" for r in runs]
+    changed.clear()
+    panel.set_smoothing(0.5)  # the same weight: nothing changes
+    qtbot.wait(50)
+    assert changed == []
