@@ -45,6 +45,7 @@ ORGANIZATION, APPLICATION = "microgpt-gui", "microgpt-gui"
 SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # an .ini path that replaces the user's settings
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 STATUS_MS = 15000  # how long a message stays in the status bar
+SAVES_POLL_MS = 100  # a closed window waiting for checkpoints looks this often
 
 
 def open_settings() -> QSettings:
@@ -78,6 +79,10 @@ class MainWindow(QMainWindow):
         self._closed = False       # `closed` was emitted
         self._exit_timer = QTimer(self, singleShot=True)
         self._exit_timer.timeout.connect(self._give_up_waiting)
+        # a hidden window waiting for checkpoints closes once they are written (the worker
+        # reports nothing more after its end)
+        self._saves_timer = QTimer(self, interval=SAVES_POLL_MS)
+        self._saves_timer.timeout.connect(lambda: self.sessions.saves_pending() or self.close())
 
         self.setStatusBar(ElidingStatusBar())  # before anything shows a message
         self._build_ui()
@@ -288,9 +293,11 @@ class MainWindow(QMainWindow):
         if self.sessions.saves_pending():  # hide now, close when the checkpoints asked for are written
             event.ignore()
             self.hide()
+            self._saves_timer.start()
             if not self._exit_timer.isActive():
                 self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
             return
+        self._saves_timer.stop()
         # nothing left to write: closed now, though a worker may still be finishing its call (the
         # app then exits without waiting for it: gui.app.leave)
         self._exit_timer.stop()

@@ -28,7 +28,7 @@ import threading
 import time
 
 import numpy as np
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, Signal, Slot
 
 import engine
 from engine.futhark.build import BuildEvent, add_build_listener
@@ -113,6 +113,11 @@ class TrainingWorker(QObject):
             self._run()
         finally:
             self.call = ""
+            # back to the GUI thread, where the session lets go of this object once the
+            # thread has ended: a QObject is deleted in its own thread, never another's
+            app = QCoreApplication.instance()
+            if app is not None:
+                self.moveToThread(app.thread())
             self.finished.emit()
 
     def _emit(self, event: rs.Event) -> None:
