@@ -23,12 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     if args is None:
         return status
     try:
-        from gui.app import run_gui
+        from gui.app import leave, run_gui
     except ImportError as exc:  # Qt's system libraries missing, e.g. "libEGL.so.1: cannot open ..."
         print(f"error: Qt cannot load: {exc} (on Debian/Ubuntu, install the packages listed "
               "under \"System libraries for Qt\" in the README)", file=sys.stderr)
         return cli.EXIT_ERROR
-    return run_gui(args)
+    return leave(run_gui(args))
 
 
 if __name__ == "__main__":

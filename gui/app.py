@@ -1,8 +1,10 @@
 """`microgpt-gui` without a subcommand: open the window with the options
-engine.cli.commands.window_args has parsed and checked, and run Qt."""
+engine.cli.commands.window_args has parsed and checked, run Qt, and leave
+at once when the window has closed."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from PySide6.QtCore import QTimer
@@ -10,6 +12,7 @@ from PySide6.QtWidgets import QApplication
 
 from .gui_thread_gc import GuiThreadCollector
 from .main_window import APPLICATION, ORGANIZATION, RESOURCES, MainWindow
+from .sessions import saving_sessions
 
 
 def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
@@ -72,3 +75,16 @@ def run_gui(args: argparse.Namespace) -> int:
     window.close_without_asking()  # the event loop has ended: nobody could answer a question
     collector.stop()
     return status
+
+
+def leave(status: int) -> int:
+    """After run_gui: exit now, as pyqtgraph.exit does, without tearing down every Qt
+    and Python object (hundreds of ms under X) or waiting for a worker still inside a
+    call of the run the window discarded (the closed window wrote every checkpoint
+    asked for first). Returns only while a session still has one to write: the
+    interpreter's exit then waits for it (gui.sessions.exit_when_sessions_end)."""
+    if saving_sessions():
+        return status
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

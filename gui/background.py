@@ -7,9 +7,11 @@ runs fn in its own daemon thread and calls on_done(result) or
 on_failed(exception) on the GUI thread, so the window never waits for a
 disk, a network share or a FIFO. A call that never returns (a FIFO nobody
 writes to) only leaves a sleeping daemon thread, which does not keep the
-process from exiting. A report whose receiver has gone (the window closed
-meanwhile) is dropped by `emit_while_alive`, the one guard every thread that
-reports to Qt objects uses (training sessions, inspect workers, these calls).
+process from exiting. A thread never emits on a Qt object that the window
+may be deleting at that moment (a crash): `report_from_thread` hands the
+report to the GUI thread through a relay that lives as long as the app, and
+there the report is dropped if its object has gone (the window closed
+meanwhile); inspect workers, the scaling study and these calls report so.
 `NewestCall` keeps only the newest of a kind of call (Open dataset, Load
 checkpoint): a call superseded by a newer one, or forgotten, reports nothing.
 """
@@ -18,17 +20,55 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QCoreApplication, QObject, Qt, Signal, Slot
+from shiboken6 import isValid
 
 
 def emit_while_alive(signal, *args) -> bool:
-    """signal.emit(*args) from any thread; False (and nothing raised) when the
-    object behind it has been deleted meanwhile."""
+    """signal.emit(*args) on the GUI thread; False (and nothing raised) when the
+    object behind it has been deleted. (From another thread: report_from_thread.)"""
     try:
         signal.emit(*args)
         return True
     except RuntimeError:  # "Internal C++ object already deleted"
         return False
+
+
+class _Relay(QObject):
+    """Runs callables that other threads post, on the GUI thread (where it lives)."""
+
+    posted = Signal(object)
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.posted.connect(self._run, Qt.QueuedConnection)
+
+    @Slot(object)
+    def _run(self, fn: Callable[[], None]) -> None:
+        fn()
+
+
+_relay: _Relay | None = None
+
+
+def make_relay() -> None:
+    """The relay report_from_thread uses: made once, on the GUI thread (by each
+    object whose threads report), and kept as long as the app."""
+    global _relay
+    if _relay is None:
+        _relay = _Relay(QCoreApplication.instance())
+
+
+def report_from_thread(obj: QObject, signal: str, *args, then: Callable[[], None] | None = None) -> None:
+    """From a thread: obj's signal emitted with args on the GUI thread, then then(),
+    if obj still exists there (make_relay must have been called)."""
+    def emit() -> None:
+        if isValid(obj):
+            getattr(obj, signal).emit(*args)
+            if then is not None:
+                then()
+
+    _relay.posted.emit(emit)
 
 
 class BackgroundCall(QObject):
@@ -43,6 +83,7 @@ class BackgroundCall(QObject):
 
     def __init__(self, name: str, fn: Callable, *args, parent: QObject | None = None):
         super().__init__(parent)
+        make_relay()
         self.name, self.args = name, args
         self._thread = threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True)
 
@@ -54,13 +95,9 @@ class BackgroundCall(QObject):
         try:
             result = fn(*args)
         except Exception as exc:  # every failure is reported, whatever its type
-            self._finish(self.failed, exc)
+            report_from_thread(self, "failed", self, exc, then=self.deleteLater)
         else:
-            self._finish(self.done, result)
-
-    def _finish(self, signal, value) -> None:
-        if emit_while_alive(signal, self, value):
-            self.deleteLater()  # after the queued report (events are handled in order)
+            report_from_thread(self, "done", self, result, then=self.deleteLater)
 
 
 def run_in_background(fn: Callable, *args, parent: QObject, name: str = "",

@@ -5,7 +5,8 @@ its permanent fields."""
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QLabel, QSpinBox, QStatusBar, QWidget
 
 STATUS_GAP_PX = 16  # between a message's end and the first permanent field
@@ -39,14 +40,52 @@ def take_seed(spin: QSpinBox) -> int:
 
 
 class ElidingStatusBar(QStatusBar):
-    """A status bar whose messages end in "..." where they would reach the permanent
-    fields on the right (QStatusBar cuts them mid-letter against the first field);
-    the whole message is its tooltip."""
+    """A status bar whose messages end in "…" after the last whole word that fits
+    before the permanent fields on the right (QStatusBar cuts them mid-letter
+    against the first field); the whole message is its tooltip and `message()`.
+    A message is elided again whenever the room changes (the window resized, a
+    field grown), so it never runs under a field; its timeout is kept here, so
+    eliding again does not restart it."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._text = ""
+        self._expiry = QTimer(self, singleShot=True)
+        self._expiry.timeout.connect(self.clearMessage)
 
     def showMessage(self, text: str, timeout: int = 0) -> None:
-        shown = self._elided(text)
-        self.setToolTip(text if shown != text else "")
-        super().showMessage(shown, timeout)
+        self._text = text
+        self._expiry.stop()
+        if text and timeout > 0:
+            self._expiry.start(timeout)
+        self._show()
+
+    def clearMessage(self) -> None:
+        self._text = ""
+        self._expiry.stop()
+        self.setToolTip("")
+        super().clearMessage()
+
+    def message(self) -> str:
+        """The whole message shown (elided or not); "" when none."""
+        return self._text if self.currentMessage() else ""
+
+    def addPermanentWidget(self, widget: QWidget, stretch: int = 0) -> None:
+        super().addPermanentWidget(widget, stretch)
+        widget.installEventFilter(self)  # its size and place are the message's room
+
+    def eventFilter(self, watched, event) -> bool:
+        if event.type() in (QEvent.Resize, QEvent.Move, QEvent.Show, QEvent.Hide):
+            self._show()
+        return False
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._show()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._show()
 
     def message_room(self) -> int:
         """Pixels from the bar's left edge to the gap before the first permanent field."""
@@ -55,7 +94,28 @@ class ElidingStatusBar(QStatusBar):
         right = min((w.x() for w in fields), default=self.width())
         return max(0, right - STATUS_GAP_PX - 6)  # QStatusBar starts its message 6 px in
 
+    def _show(self) -> None:
+        if not self._text:
+            return
+        shown = self._elided(self._text)
+        self.setToolTip(self._text if shown != self._text else "")
+        if shown != self.currentMessage():
+            super().showMessage(shown, 0)
+
     def _elided(self, text: str) -> str:
         if not self.isVisible():  # not laid out yet: the fields' places are unknown
             return text
-        return self.fontMetrics().elidedText(text, Qt.ElideRight, self.message_room())
+        return elide_words(text, self.fontMetrics(), self.message_room())
+
+
+def elide_words(text: str, metrics: QFontMetrics, width: int) -> str:
+    """text, or its longest start that ends a word and fits `width` with "…" after
+    it (Qt's letter-wise eliding when not even the first word fits)."""
+    if metrics.horizontalAdvance(text) <= width:
+        return text
+    words = text.split(" ")
+    for n in range(len(words) - 1, 0, -1):
+        start = " ".join(words[:n]).rstrip(" ,.:;(-")
+        if start and metrics.horizontalAdvance(start + "…") <= width:
+            return start + "…"
+    return metrics.elidedText(text, Qt.ElideRight, width)

@@ -6,12 +6,17 @@ An ExploreController is given the run model, a way to send commands to the
 run's worker and the widgets it uses. The panels compute from parameter
 snapshots the worker sends while one of them is on screen (one InspectHub
 holds the newest); the run list keeps an engine.training.records.RunRecord per run of
-the session, filled as the losses arrive, with its dataset.
+the session, filled as the losses arrive, with its dataset. A checkpoint
+saved from (or loaded into) a run of the list, loaded again, continues that
+run's row: rewound to the checkpoint's step, not listed twice.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable
+
+import numpy as np
 
 from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QKeySequence
@@ -48,6 +53,8 @@ class ExploreController(QObject):
         self.run_list = RunListPanel(smoothing=loss_plot.smoothing)
         self.sweep_panel = SweepPanel()
         self.run_record: RunRecord | None = None  # the current run's, in run_list.runs
+        self._record_of_path: dict[str, RunRecord] = {}  # checkpoints saved or loaded -> their run's record
+        self._rewinding = False  # a reloaded run's record: the checkpoint's losses rewind it
         self.scaling_dialog: ScalingStudyDialog | None = None
         self._scaling_data_path: str | None = None
 
@@ -127,8 +134,10 @@ class ExploreController(QObject):
         if isinstance(event, rs.Opened):
             self._add_record(event)
         elif isinstance(event, rs.Losses) and self.run_record is not None:
-            self.run_record.extend(event.losses, event.first_step, event.seconds)  # NaN stays NaN per step
+            self._extend_record(event)
             self.run_list.update_run(self.run_record)
+        elif isinstance(event, rs.Saved) and self.run_record is not None:
+            self._record_of_path[event.path] = self.run_record
         elif isinstance(event, rs.Heldout) and self.run_record is not None:
             self.run_record.add_heldout(event.points, event.replacing)
             self.run_list.update_run(self.run_record)
@@ -145,12 +154,46 @@ class ExploreController(QObject):
     def _add_record(self, event: rs.Opened) -> None:
         info, dataset = event.info, self.run.dataset
         train = replace(info.train, holdout=info.holdout)  # the count (auto resolved): runs compare by it
-        self.run_record = RunRecord(f"run {self.run_list.count + 1}", info.backend, info.model, train,
-                                    status="loaded" if event.from_checkpoint else "running",
-                                    dataset=dataset.name if dataset else "",
-                                    dataset_hash=dataset.content_hash if dataset else "")
-        self.run_list.add_run(self.run_record)
+        path = self.run.saved_path if event.from_checkpoint else None
+        earlier = self._listed_run_of(path, info, dataset)
+        record = RunRecord(earlier.name if earlier else f"run {self.run_list.count + 1}", info.backend, info.model,
+                           train, status="loaded" if event.from_checkpoint else "running",
+                           dataset=earlier.dataset if earlier else dataset.name if dataset else "",
+                           dataset_hash=dataset.content_hash if dataset else "")
+        self._rewinding = False
+        if earlier is None:
+            self.run_list.add_run(record)
+        elif earlier.block == 1:  # every step kept: rewound by the checkpoint's losses, its step times kept
+            earlier.backend, earlier.train, earlier.status = record.backend, record.train, record.status
+            record, self._rewinding = earlier, True
+            self.run_list.update_run(record)
+        else:  # compacted (an ended long run): the checkpoint's history replaces it, in its row
+            self.run_list.replace_run(earlier, record)
+        self.run_record = record
+        if path:
+            self._record_of_path[path] = record
         self.update_snapshot_wish()
+
+    def _listed_run_of(self, path: str | None, info: rs.RunInfo, dataset) -> RunRecord | None:
+        """The run in the list that the checkpoint at `path` was saved from or loaded
+        into, if it is still listed and is that network on that dataset."""
+        record = self._record_of_path.get(path) if path else None
+        if record is None or not self.run_list.listed(record):
+            return None
+        same_data = dataset is None or not record.dataset_hash or record.dataset_hash == dataset.content_hash
+        return record if record.model == info.model and same_data else None
+
+    def _extend_record(self, event: rs.Losses) -> None:
+        """The run's record extended; a reloaded run's first losses (the checkpoint's
+        history, untimed) rewind its record to the checkpoint's step when they are the
+        steps it holds, keeping their times."""
+        record, n = self.run_record, len(event.losses)
+        if self._rewinding and event.first_step == 0 and math.isnan(event.seconds):
+            self._rewinding = False
+            if record.steps >= n and np.array_equal(record.losses[:n], np.asarray(event.losses, np.float32)):
+                record.extend([], n)
+                return
+        record.extend(event.losses, event.first_step, event.seconds)  # NaN stays NaN per step
 
     def _on_model(self, run: RunModel, what: str) -> None:
         if what != "phase":

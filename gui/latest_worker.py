@@ -21,11 +21,11 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Signal
 
 import engine
 
-from .background import emit_while_alive
+from .background import make_relay, report_from_thread
 
 YIELD_POLL_S = 0.002
 
@@ -116,8 +116,7 @@ def _serve(queue: _Queue, worker_ref: Callable, yield_to: _Queue | None) -> None
         if worker is None:
             return
         if error is not None and not queue.stale(request.key, request.generation):
-            if not emit_while_alive(worker._finished, request.key, request.generation, result, error):
-                return  # its Qt object was deleted meanwhile
+            report_from_thread(worker, "_finished", request.key, request.generation, result, error)
         del worker
 
 
@@ -136,8 +135,9 @@ class LatestRequestWorker(QObject):
 
     def __init__(self, parent=None, name: str = "inspect", yield_to: "LatestRequestWorker | None" = None):
         super().__init__(parent)
+        make_relay()
         self._queue = _Queue()
-        self._finished.connect(self._deliver, Qt.QueuedConnection)
+        self._finished.connect(self._deliver)  # emitted on the GUI thread (report_from_thread)
         self.destroyed.connect(self._queue.close)  # a plain object's method: callable during deletion
         self._thread = threading.Thread(
             target=_serve, args=(self._queue, weakref.ref(self), yield_to._queue if yield_to else None),

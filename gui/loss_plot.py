@@ -149,6 +149,7 @@ class LossPlot(QWidget):
         view = self.plot.getPlotItem().vb
         view.setRange(xRange=(0, 1), yRange=(0, 1), padding=0, disableAutoRange=False)  # as at start
         view.enableAutoRange(x=True, y=True)
+        self._place_uniform_line()  # y spans it again
         self.redraw()
 
     def follow_run(self, num_steps: int) -> None:
@@ -255,10 +256,15 @@ class LossPlot(QWidget):
             self.uniform_line.setVisible(False)
             return
         level = math.log(self._vocab_size)  # cross-entropy of a uniform guess
-        self.uniform_line.setPos(math.log10(level) if self.log_y.isChecked() else level)
+        y = math.log10(level) if self.log_y.isChecked() else level
+        self.uniform_line.setPos(y)
         self.uniform_line.setToolTip(f"ln({self._vocab_size}) = {level:.3f}: the loss of guessing uniformly")
         self.uniform_line.setVisible(True)
         self.legend.addItem(self.uniform_sample, self.uniform_label())
+        if not self.series.n:  # an empty plot: the line its legend names is on its axes (where losses start)
+            low = math.log10(level / 4) if self.log_y.isChecked() else 0.0
+            self.plot.getPlotItem().vb.setYRange(low, y + 0.2 * (y - low), padding=0, update=True)
+            self.plot.getPlotItem().vb.enableAutoRange(y=True)  # the first losses fit it again
 
     def _show_heldout_in_legend(self) -> None:
         """The held-out entry is in the legend while there is a held-out point."""

@@ -7,13 +7,16 @@ gui.explore (the explore tabs). The run's state (step, losses, parameters)
 stays with the worker's backend; the window keeps only what it displays.
 
 Closing asks the save question first when a trained model would be lost;
-then the window hides at once and closes when the worker has finished, or
-gives up after sessions.END_BOUND_S (exit_hook). Nothing waits on the GUI
-thread.
+then the window closes at once, or, when a checkpoint asked for is still to
+be written, hides at once and closes once it is, giving up after
+sessions.END_BOUND_S (exit_hook) only while the worker is inside another
+call. Messages after the close is decided go to stderr. Nothing waits on the
+GUI thread.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QTimer, Qt, Signal
@@ -42,6 +45,7 @@ ORGANIZATION, APPLICATION = "microgpt-gui", "microgpt-gui"
 SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # an .ini path that replaces the user's settings
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 STATUS_MS = 15000  # how long a message stays in the status bar
+SAVES_POLL_MS = 100  # a closed window waiting for checkpoints looks this often
 
 
 def open_settings() -> QSettings:
@@ -72,8 +76,13 @@ class MainWindow(QMainWindow):
         self.message_hook = show_message_box             # replaceable, e.g. by tests
         self.exit_hook = exit_now  # called if a closed window's worker outlasts END_BOUND_S
         self._closing = False      # the close is decided: the window hides, then closes
+        self._closed = False       # `closed` was emitted
         self._exit_timer = QTimer(self, singleShot=True)
         self._exit_timer.timeout.connect(self._give_up_waiting)
+        # a hidden window waiting for checkpoints closes once they are written (the worker
+        # reports nothing more after its end)
+        self._saves_timer = QTimer(self, interval=SAVES_POLL_MS)
+        self._saves_timer.timeout.connect(lambda: self.sessions.saves_pending() or self.close())
 
         self.setStatusBar(ElidingStatusBar())  # before anything shows a message
         self._build_ui()
@@ -172,12 +181,16 @@ class MainWindow(QMainWindow):
         """A message box (through message_hook) and a plain-text line in the status bar
         (`status`, or the text's first line)."""
         self.messages.append((kind, title, text))
+        if self._closing:  # the window is going (hidden): a box would go with it unread
+            print(f"microgpt-gui: {plain_text(text)}", file=sys.stderr)
+            self.messageShown.emit(kind, text)
+            return
         lines = [line for line in plain_text(status or text).splitlines() if line.strip()]
         self.statusBar().showMessage(lines[0] if lines else "", STATUS_MS)
-        shown = self.statusBar().currentMessage()
+        shown = self.statusBar().message()
         box = self.message_hook(self, kind, title, text, details) if self.message_hook is not None else None
         if hasattr(box, "finished"):  # the box read and closed: its line leaves the status bar too
-            box.finished.connect(lambda *_: self.statusBar().currentMessage() == shown
+            box.finished.connect(lambda *_: self.statusBar().message() == shown
                                  and self.statusBar().clearMessage())
         self.messageShown.emit(kind, text)
 
@@ -277,15 +290,21 @@ class MainWindow(QMainWindow):
                 self.runs.guard.confirm("Quitting", self.close_without_asking)
                 return
             self._begin_closing()
-        if self.sessions.busy_ending:  # hide now, close when the worker has finished
+        if self.sessions.saves_pending():  # hide now, close when the checkpoints asked for are written
             event.ignore()
             self.hide()
+            self._saves_timer.start()
             if not self._exit_timer.isActive():
                 self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
             return
+        self._saves_timer.stop()
+        # nothing left to write: closed now, though a worker may still be finishing its call (the
+        # app then exits without waiting for it: gui.app.leave)
         self._exit_timer.stop()
         super().closeEvent(event)
-        self.closed.emit()
+        if not self._closed:
+            self._closed = True
+            self.closed.emit()
 
     def close_without_asking(self) -> bool:
         """Close now, whatever is unsaved (after the question's answer, or when the
@@ -305,10 +324,13 @@ class MainWindow(QMainWindow):
         self.runs.end_run()
 
     def _give_up_waiting(self) -> None:
-        if self.sessions.busy_ending:
+        if self.sessions.saving():  # a checkpoint being written is never given up on
+            self._exit_timer.start(int(1000 * sessions_module.END_BOUND_S))
+            return
+        if self.sessions.saves_pending():  # stuck in another call before them: said, not silent
             self.exit_hook(f"the training thread is still busy ({self.sessions.waiting_for() or 'ending'}) "
                            f"{sessions_module.END_BOUND_S:g} s after the window was closed; exiting without "
-                           "waiting for it")
+                           "waiting for it: the checkpoints asked for after its call are not written")
 
     # settings ---------------------------------------------------------------------
     def _restore_settings(self) -> None:

@@ -37,7 +37,8 @@ from .sessions import Session, Sessions
 
 EDITABLE = (Phase.NONE, Phase.READY, Phase.DONE, Phase.FAILED, Phase.STOPPING)  # settings can change
 STATE_MESSAGES = {Phase.RUNNING: "Training...", Phase.PAUSED: "Paused", Phase.READY: "Ready to resume training",
-                  Phase.DONE: "Run ended: you can sample, save a checkpoint, resume or train again"}
+                  Phase.DONE: "Run ended: you can sample, save a checkpoint, continue to more steps or train again"}
+STOPPED_MESSAGE = "Stopped at step {step:,}: Resume trains on; you can also sample or save a checkpoint"
 
 
 def train_label(choice: TrainChoice, phase: Phase, num_steps: int) -> str:
@@ -94,6 +95,8 @@ class RunController(QObject):
         self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
         self.reading_problem: Callable[[], str] = lambda: ""
         self._warned = False        # engine.loss_warning shown for this run
+        self._told_after_end = False  # a checkpoint's outcome shown while the run was stopping
+        self._stop_asked = False      # Stop sent, the worker has not stopped yet
         self.progress = ProgressView(self, widgets.progress_bar, run, sessions)
         sessions.allEnded.connect(self._on_sessions_ended)
         run.subscribe(self._on_model)
@@ -175,16 +178,22 @@ class RunController(QObject):
         return True
 
     def stop(self) -> None:
-        self.send(rs.Stop())
+        """Stop after the call in progress (a large model's step cannot be cut short):
+        said at once, the Stop action off until the worker has stopped."""
+        if self.send(rs.Stop()):
+            self._stop_asked = True
+            self.notify.status("Stopping after the step in progress...", 0)
+            self.progress.stop_asked()
+            self.update_actions()
 
     def reset(self) -> None:
         """Forget the run (after the save question): its worker ends (requests it still
-        has queued are dropped) and the display is cleared."""
+        has queued are dropped, but for checkpoints asked for) and the display is cleared."""
         self.guard.confirm("Reset", self.discard)
 
     def discard(self) -> None:
         self.clear_run()
-        self.end_run(then=None, serve_saves=False)
+        self.end_run(then=None)
 
     def request_samples(self, num_samples: int, temperature: float, seed: int,
                         max_length: int | None = None) -> None:
@@ -217,7 +226,8 @@ class RunController(QObject):
 
     def _open_session(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
         session = self.sessions.start(spec)
-        session.reports.event.connect(self._on_event)  # on the GUI thread; silent once ended
+        session.reports.reported.connect(self._on_event)  # on the GUI thread; silent once ended
+        session.reports.reportedAfterEnd.connect(self._on_report_after_end)
         self._opening, self._warned = (dataset, path), False
         self.progress.opening()
         self.run.apply(rs.Open(spec))
@@ -291,14 +301,25 @@ class RunController(QObject):
         self.notify.status(f"Checkpoint saved to {event.path}", 10000)
         self.guard.on_saved(event.path)
 
+    def _on_report_after_end(self, event: rs.Event) -> None:
+        """A checkpoint asked for before the run ended, written after it (or not: its
+        error). The run model has moved on: only the user is told."""
+        self._told_after_end = True
+        if isinstance(event, rs.Saved):
+            if not event.autosave:
+                self.notify.status(f"Checkpoint saved to {event.path}", 10000)
+        elif isinstance(event, rs.Error):
+            self.notify.show_message("error", "microgpt-gui", event.message, event.details)
+
     def _on_extended(self, event: rs.Extended) -> None:
         self.run.extended(event.num_steps)
         self.w.progress_bar.setMaximum(event.num_steps)
         self.w.loss_plot.follow_run(event.num_steps)
 
     def _on_status(self, event: rs.Status) -> None:
-        self.notify.status(event.text, 10000)
-        if self.run.phase == Phase.OPENING:
+        opening = self.run.phase == Phase.OPENING
+        self.notify.status(event.text, 0 if opening else 10000)  # an opening's: until the run opens
+        if opening:
             self.progress.update_text()
 
     def _on_error(self, event: rs.Error) -> None:
@@ -324,26 +345,31 @@ class RunController(QObject):
 
     def _on_phase_changed(self, phase: Phase) -> None:
         w = self.w
+        self._stop_asked = False
         if phase != Phase.RUNNING:
             w.loss_plot.flush()
         summarize = phase == Phase.DONE and self.progress.mark is not None  # it trained here
         self.progress.phase_changed(phase)
         if phase == Phase.STOPPING:
+            self._told_after_end = False
             waiting = self.sessions.waiting_for()
             self.notify.status("Stopping the run" + (f": waiting for the worker ({waiting})..."
                                                      if waiting else "..."), 0)
         if phase in STATE_MESSAGES:
             message = STATE_MESSAGES[phase]
+            if phase == Phase.DONE and not self.run.finished:  # stopped: it can resume
+                message = STOPPED_MESSAGE.format(step=self.run.step)
             if summarize:
-                message = f"{self._run_summary()}. {message}"
+                summary = self._run_summary()
+                message = f"{summary}. {message}" if summary else message
             self.notify.status(message, 0 if phase != Phase.RUNNING else 5000)
-        elif phase == Phase.NONE:
+        elif phase == Phase.NONE and not self._told_after_end:  # "Stopping the run..." goes
             self.notify.status("", 0)
 
     def _run_summary(self) -> str:
         worker, opened_at = self.session.worker, self.run.saved_step if self.run.from_checkpoint else 0
         steps = worker.step - opened_at
-        return run_summary(steps, worker.train_seconds) if steps and worker.train_seconds > 0 else "Stopped"
+        return run_summary(steps, worker.train_seconds) if steps and worker.train_seconds > 0 else ""
 
     def _on_redrawn(self) -> None:
         if self.run.train is not None and self.run.phase not in (Phase.OPENING, Phase.STOPPING):
@@ -375,7 +401,7 @@ class RunController(QObject):
         self.train_action.setEnabled(enabled)
         self.w.train_button.setToolTip(problem if choice in (TrainChoice.NEW, TrainChoice.WAIT) and problem
                                        else self.train_action.toolTip())
-        self.stop_action.setEnabled(phase in ACTIVE)
+        self.stop_action.setEnabled(phase in ACTIVE and not self._stop_asked)
         self.reset_action.setEnabled(self.session is not None or self.w.loss_plot.series.n > 0
                                      or self._after_ending is not None)
         self.sample_action.setEnabled(self.run.has_model)

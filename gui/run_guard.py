@@ -61,8 +61,12 @@ class SaveGuard(QObject):
             self._waiting = (self._waiting[0], then)
             return False
         run = self._run
-        if run.saved_path:
-            text = (f"The model has trained {run.step - run.saved_step:,} steps since {Path(run.saved_path).name} "
+        since = Path(run.saved_path).name if run.saved_path else ""
+        if run.step == run.saved_step:  # running: its first steps are not reported yet
+            text = (f"The model is training on from {since}." if since
+                    else "The model is training and has not been saved.")
+        elif since:
+            text = (f"The model has trained {run.step - run.saved_step:,} steps since {since} "
                     f"(it is at step {run.step:,}).")
         else:
             text = f"The model has trained {run.step:,} steps and has not been saved."

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QKeySequence, QShortcut
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -31,7 +31,7 @@ from engine.training.records import RunRecord
 from .controls import buddy, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema_last
 from .plot_axes import AXES, NAMES, SECONDS, STEP, axis_label
-from .run_table import COLUMNS, TABLE_ROWS, row_texts, swatch, table_height
+from .run_table import COLUMNS, HEADERS, TABLE_ROWS, legend_labels, row_texts, swatch, table_height
 
 # distinct on white and for the common colour-vision deficiencies (Okabe-Ito, then tab10)
 PALETTE = [(0, 114, 178), (230, 159, 0), (0, 158, 115), (213, 94, 0), (204, 121, 167), (86, 180, 233),
@@ -40,6 +40,7 @@ MAX_CHECKED = 8  # a new run unticks the oldest ticked one past this
 OTHER_DATASET = "other dataset"
 TRAINING, HELDOUT = "training", "heldout"  # what the overlay plots
 UPDATE_MS = 250  # a live run's row and curve are redrawn at most this often
+DATASET = COLUMNS.index("Dataset")
 
 
 class RunListPanel(QWidget):
@@ -48,6 +49,8 @@ class RunListPanel(QWidget):
     def __init__(self, parent=None, smoothing: float = 0.95):
         super().__init__(parent, objectName="runListPanel")
         self.runs: list[RunRecord] = []
+        self._rows: dict[int, int] = {}  # id(record) -> its row (a long session lists hundreds of runs)
+        self._italic: dict[int, bool] = {}  # id(record) -> its row is drawn as not comparable
         self.smoothing = smoothing
         self._colors: dict[int, tuple[int, int, int]] = {}
         self._series: dict[int, GrowingSeries] = {}  # each record's steps and EMA so far
@@ -59,14 +62,21 @@ class RunListPanel(QWidget):
         self.reference_hash = ""  # the dataset runs are compared on ("" : none yet)
 
         self.table = QTableWidget(0, len(COLUMNS), objectName="runList")
-        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setHorizontalHeaderLabels([HEADERS.get(c, c) for c in COLUMNS])
         self.table.setToolTip("Every run of this session; tick runs to overlay their smoothed loss curves")
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setStretchLastSection(True)
+        # columns widened here as their texts grow (_widen): Qt's ResizeToContents measures every
+        # row at each cell's change, seconds a redraw with hundreds of runs listed
+        header.setSectionResizeMode(QHeaderView.Interactive)
+        # the dataset, last, takes the room the others leave: the table fits its pane
+        header.setSectionResizeMode(DATASET, QHeaderView.Stretch)
+        for col in range(len(COLUMNS)):
+            header.resizeSection(col, header.sectionSizeFromContents(col).width())
+        self._padding: dict[int, int] = {}  # a column's room around its text (the first row's measure)
+        self.table.setTextElideMode(Qt.ElideMiddle)  # a long file name keeps its end
         self.table.setMinimumHeight(table_height(self.table, TABLE_ROWS))
         self.x_axis_combo = QComboBox(objectName="runXAxisCombo")
         for key, text in AXES:  # the loss plot's axes, in its words
@@ -127,6 +137,7 @@ class RunListPanel(QWidget):
             for old in self.checked_runs()[: max(0, len(self.checked_runs()) - MAX_CHECKED + 1)]:
                 self.set_checked(old, False)
         self.runs.append(record)
+        self._rows[id(record)] = len(self.runs) - 1
         self._colors[id(record)] = PALETTE[self._next_color % len(PALETTE)]
         self._next_color += 1
         row = self.table.rowCount()
@@ -147,17 +158,31 @@ class RunListPanel(QWidget):
     def remove_runs(self, records: list[RunRecord]) -> None:
         """Take runs off the list and the overlay (what they held goes with them)."""
         for record in records:
-            if not any(r is record for r in self.runs):
+            if not self.listed(record):
                 continue
             row = self._row(record)
             self._undraw(record)
             self.table.removeRow(row)
             del self.runs[row]
-            for table in (self._colors, self._series):
+            for table in (self._colors, self._series, self._italic):
                 table.pop(id(record), None)
             self._dirty.discard(id(record))
+            self._rows = {id(r): i for i, r in enumerate(self.runs)}
         self._show_info()
         self.checkedChanged.emit()
+
+    def replace_run(self, old: RunRecord, new: RunRecord) -> None:
+        """new in old's row, with its colour and tick (a reloaded run's fresh record)."""
+        row = self._row(old)
+        self._undraw(old)
+        self.runs[row] = new
+        self._rows[id(new)] = self._rows.pop(id(old))
+        self._colors[id(new)] = self._colors.pop(id(old))
+        self._italic.pop(id(old), None)
+        self._dirty.discard(id(old))
+        self._fill_row(row)
+        self._draw(new)
+        self._show_info()
 
     def remove_selected(self) -> None:
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
@@ -165,7 +190,7 @@ class RunListPanel(QWidget):
 
     def run_ended(self, record: RunRecord) -> None:
         """A run that will not grow again: its record compacted, its series rebuilt from that."""
-        if any(r is record for r in self.runs):
+        if self.listed(record):
             record.compact()
             self._series.pop(id(record), None)  # now, not at the next redraw: its memory goes
             self._fill_row(self._row(record))
@@ -178,6 +203,9 @@ class RunListPanel(QWidget):
             for record in self.runs:
                 self._undraw(record)  # the curves' style and legend change
             self._redraw_all()
+
+    def listed(self, record: RunRecord) -> bool:
+        return id(record) in self._rows and self.runs[self._rows[id(record)]] is record
 
     def comparable(self, record: RunRecord) -> bool:
         return not (self.reference_hash and record.dataset_hash and record.dataset_hash != self.reference_hash)
@@ -254,24 +282,47 @@ class RunListPanel(QWidget):
 
     # drawing ------------------------------------------------------------------
     def _row(self, record: RunRecord) -> int:
-        return next(i for i, r in enumerate(self.runs) if r is record)
+        return self._rows[id(record)]
 
     def _fill_row(self, row: int) -> None:
+        """Row `row` from its record; only the cells that changed are set (each change
+        makes the table measure its columns again)."""
         r = self.runs[row]
         values = row_texts(r, self.last_smoothed(r))
         comparable = self.comparable(r)
+        restyle = self._italic.get(id(r)) != (not comparable)
+        self._italic[id(r)] = not comparable
         font = QFont(self.table.font())
         font.setItalic(not comparable)
+        metrics = QFontMetrics(font)
         self.table.blockSignals(True)
         for col, text in enumerate(values):
             item = self.table.item(row, col)
-            item.setText(text)
-            item.setFont(font)
-            item.setForeground(self.palette().text() if comparable else QColor(130, 130, 130))
-        self.table.item(row, 0).setToolTip(f"{r.model}, {r.train}")
-        self.table.item(row, COLUMNS.index("Dataset")).setToolTip(
-            "" if comparable else "Trained on another dataset than the current run: its losses are not comparable")
+            if item.text() != text:
+                item.setText(text)
+                self._widen(col, metrics.horizontalAdvance(text))
+            if restyle:
+                item.setFont(font)
+                item.setForeground(self.palette().text() if comparable else QColor(130, 130, 130))
+        tips = {0: f"{r.model}, {r.train}", DATASET: (
+            r.dataset if comparable else
+            f"{r.dataset}: another dataset than the current run's; its losses are not comparable")}
+        for col, tip in tips.items():
+            if self.table.item(row, col).toolTip() != tip:
+                self.table.item(row, col).setToolTip(tip)
         self.table.blockSignals(False)
+
+    def _widen(self, col: int, text_width: int) -> None:
+        """Column col at least as wide as a text of text_width and its room (never
+        narrowed: a live run's row would make the columns jump)."""
+        if col == DATASET:
+            return
+        if col not in self._padding:  # the first row: what Qt adds to a text (margins, box, swatch)
+            self._padding[col] = max(0, self.table.sizeHintForColumn(col) - text_width)
+        needed = text_width + self._padding[col]
+        header = self.table.horizontalHeader()
+        if needed > header.sectionSize(col):
+            header.resizeSection(col, needed)
 
     def _xy(self, record: RunRecord) -> tuple[np.ndarray, np.ndarray]:
         if self.y_values == HELDOUT:
@@ -307,8 +358,7 @@ class RunListPanel(QWidget):
             return
         comparable = self.comparable(record)
         pen = pg.mkPen(*self._colors[id(record)], width=2, style=Qt.SolidLine if comparable else Qt.DashLine)
-        label = f"{record.name}: {record.preset}, {record.backend}, lr {record.train.learning_rate:g}"
-        label += "" if comparable else f" ({OTHER_DATASET}: {record.dataset})"
+        label = self._legend_labels().get(id(record), record.name)
         if self.y_values == HELDOUT:  # few points: markers, drawn whole
             color = self._colors[id(record)]
             curve = self.plot.getPlotItem().plot(x, y, pen=pen, name=label, symbol="o", symbolSize=6,
@@ -318,6 +368,26 @@ class RunListPanel(QWidget):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
         self.curves[id(record)] = curve
+        self._relabel()  # the others' labels say what differs from this one
+
+    def _legend_labels(self) -> dict[int, str]:
+        """id(record) -> its legend label, for the ticked runs."""
+        checked = self.checked_runs()
+        labels = legend_labels(checked)
+        return {id(r): label + ("" if self.comparable(r) else f" ({OTHER_DATASET}: {r.dataset})")
+                for r, label in zip(checked, labels)}
+
+    def _relabel(self) -> None:
+        """The ticked runs' legend labels, after the set of ticked runs (or a run's
+        settings) changed."""
+        changed = False
+        for key, label in self._legend_labels().items():
+            item = self.legend.getLabel(self.curves[key]) if key in self.curves else None
+            if item is not None and item.text != label:
+                item.setText(label)
+                changed = True
+        if changed:
+            self.legend.updateSize()
 
     def _undraw(self, record: RunRecord) -> None:
         curve = self.curves.pop(id(record), None)
@@ -327,9 +397,13 @@ class RunListPanel(QWidget):
 
     def _redraw_all(self, *_) -> None:
         self._set_axis_label()
+        if not self.isVisible():  # in a hidden tab: every run redrawn when shown (_flush)
+            self._dirty.update(self._rows)
+            return
         for row, record in enumerate(self.runs):
             self._fill_row(row)
             self._draw(record)
+        self._dirty.clear()
         self._show_info()
 
     def _on_x_axis(self, *_) -> None:
@@ -375,6 +449,7 @@ class RunListPanel(QWidget):
         item.setLabel("bottom", label, units=units)
 
     def _show_info(self) -> None:
+        self._relabel()
         checked = self.checked_runs()
         untimed = [r.name for r in checked if self.x_axis == SECONDS and np.isnan(r.ms_per_step)]
         other = [r.name for r in checked if not self.comparable(r)]

@@ -1,8 +1,9 @@
 """The run's progress bar and the figures it shows: steps, rate and ETA while
 training, "stopping… (waiting for: …)" while an ended run's worker finishes
-its call, and the seconds an opening has taken (a compiled backend builds its
-kernels on first use, which can take minutes). Also the small formats the
-status bar uses (rates, durations, the end-of-run summary).
+its call, and what an opening is doing (a compiled backend builds its
+kernels on first use, which can take minutes) and for how many seconds so
+far. Also the small formats the status bar uses (rates, durations, the
+end-of-run summary).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class ProgressView(QObject):
         self.mark: tuple[float, int] | None = None  # (time, step) of the last rate measurement
         self._opening_since = 0.0
         self.batch_size, self.train_docs = 1, 0  # the run's names per step and training names
+        self.stopping = False  # Stop asked, the step in progress not ended yet
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self.update_text)
         self.reset()
@@ -72,7 +74,12 @@ class ProgressView(QObject):
         if running:
             self.mark = (now, step)
 
+    def stop_asked(self) -> None:
+        self.stopping = True
+        self.update_text()
+
     def phase_changed(self, phase: Phase) -> None:
+        self.stopping = False
         if phase == Phase.RUNNING:
             self.mark = (time.monotonic(), self.bar.value())
         if phase in (Phase.FAILED, Phase.STOPPING, Phase.NONE):
@@ -90,9 +97,13 @@ class ProgressView(QObject):
             bar.setFormat("stopping…" + (f" (waiting for: {waiting})" if waiting else ""))
             return
         if phase == Phase.OPENING:  # a compiled backend may build for minutes on first use: count them
-            bar.setRange(0, 0)
+            # not a busy bar (range 0..0): Qt draws no text on one
+            bar.setRange(0, 1)
+            bar.setValue(0)
             elapsed = time.monotonic() - self._opening_since
-            bar.setFormat(f"opening the {self.run.backend} backend… {elapsed:.0f} s")
+            session = self.sessions.current
+            doing = (session.waiting_for if session is not None else "") or f"opening the {self.run.backend} backend"
+            bar.setFormat(f"{doing}… {elapsed:.0f} s")
             return
         if self.run.train is None:
             return
@@ -100,7 +111,9 @@ class ProgressView(QObject):
         text = f"{step:,} / {total:,} steps"
         epoch = epoch_text(step, self.batch_size, self.train_docs, always=True, names=True)
         text += f"  ·  {epoch}" if epoch else ""
-        if phase == Phase.RUNNING and self.rate:
+        if phase in (Phase.RUNNING, Phase.PAUSED) and self.stopping:
+            text += "  ·  stopping after this step…"
+        elif phase == Phase.RUNNING and self.rate:
             text += f"  ·  {self.rate:,.0f} steps/s  ·  ETA {format_duration((total - step) / self.rate)}"
         elif phase in (Phase.PAUSED, Phase.DONE, Phase.READY):
             text += {Phase.PAUSED: "  ·  paused", Phase.DONE: "  ·  done" if step >= total else "  ·  stopped",

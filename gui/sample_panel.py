@@ -39,6 +39,7 @@ class SamplePanel(QGroupBox):
         self.sample_button = QPushButton("Sample", objectName="sampleButton")
         self.copy_button = QPushButton("Copy", objectName="copyButton")
         self.copy_button.setToolTip("Copy the selected names (all if none is selected)")
+        self.copy_button.setEnabled(False)  # until there are names
         self.samples_list = QListWidget(objectName="samplesList")
         self.samples_list.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.info = QLabel(" ", objectName="sampleInfo")
@@ -109,6 +110,7 @@ class SamplePanel(QGroupBox):
         self.samples_list.clear()
         self.samples_list.addItems(names)
         self.info.setText(f"{len(names)} names from the parameters after step {step:,}")
+        self.copy_button.setEnabled(bool(names))
 
     def names(self) -> list[str]:
         return [self.samples_list.item(i).text() for i in range(self.samples_list.count())]
@@ -116,6 +118,7 @@ class SamplePanel(QGroupBox):
     def clear(self) -> None:
         self.samples_list.clear()
         self.info.setText(" ")
+        self.copy_button.setEnabled(False)  # nothing to copy
 
     def copy_to_clipboard(self) -> None:
         selected = [item.text() for item in self.samples_list.selectedItems()]

@@ -28,7 +28,7 @@ from engine.bench.measure import BenchResult
 from engine.bench.report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
-from .background import BackgroundCall, emit_while_alive
+from .background import BackgroundCall, make_relay, report_from_thread
 from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
@@ -65,7 +65,8 @@ def _short(value: float) -> str:
 
 
 class _StudyRun(QObject):
-    """One study in a daemon thread; reports by signals (queued to the GUI thread).
+    """One study in a daemon thread; reports by its signals, emitted on the GUI
+    thread (gui.background.report_from_thread).
 
     It is a child of the dialog and deleted with deleteLater once done: were
     the thread to drop the last reference, Qt would delete it from the wrong
@@ -77,6 +78,7 @@ class _StudyRun(QObject):
 
     def __init__(self, backends, presets, measure, availability, seconds, parent):
         super().__init__(parent)
+        make_relay()
         self.cancelled = threading.Event()
         self._args = (list(backends), list(presets), measure, availability, seconds)
         self._thread = threading.Thread(target=self._run, name="scaling-study", daemon=True)
@@ -92,11 +94,11 @@ class _StudyRun(QObject):
         try:
             study = scaling.plan(backends, presets, availability)
             for result in study.skipped:
-                emit_while_alive(self.row, result)
+                report_from_thread(self, "row", result)
             for i, (backend, preset) in enumerate(study.jobs):
                 if self.cancelled.is_set():
                     break
-                emit_while_alive(self.started, backend, preset, i, len(study.jobs))
+                report_from_thread(self, "started", backend, preset, i, len(study.jobs))
                 try:
                     result = measure(backend, preset, seconds, self.cancelled.is_set)
                 except engine.Cancelled:
@@ -105,10 +107,11 @@ class _StudyRun(QObject):
                     result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
                 if self.cancelled.is_set():
                     break
-                emit_while_alive(self.row, result)
+                report_from_thread(self, "row", result)
         except Exception as exc:  # e.g. availability failed: say so, end the study
-            emit_while_alive(self.row, BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}"))
-        emit_while_alive(self.done, self.cancelled.is_set())
+            failure = BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}")
+            report_from_thread(self, "row", failure)
+        report_from_thread(self, "done", self.cancelled.is_set())
 
 
 class ScalingStudyDialog(QDialog):

@@ -18,12 +18,12 @@ import sys
 import time
 import weakref
 
-from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal
+from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal, Slot
 
-from engine.training.protocol import End, RunSpec
+from engine.training.protocol import End, Error, Event, RunSpec, Saved
 
 from .background import emit_while_alive
-from .worker import TrainingWorker
+from .worker import SAVING, TrainingWorker
 
 # While a worker or a file read computes in Python, the GUI thread waits for the GIL
 # at each of its many short Qt calls, up to one switch interval (5 ms by default)
@@ -40,14 +40,30 @@ _finishing: list["Session"] = []  # finished signal seen, QThread still ending
 class WorkerReports(QObject):
     """The worker's events, re-emitted on the GUI thread, until its session ends.
 
-    The window listens here, not to the worker: `event` is emitted on the GUI
+    The window listens here, not to the worker: `reported` is emitted on the GUI
     thread (queued from the worker's), and once the session has ended it is
-    blocked, so nothing an ended worker still had queued reaches the window."""
+    silent, so nothing an ended worker still had queued reaches the window, but
+    for what became of the checkpoints asked for before the end (an ending worker
+    still writes them): their Saved and any Error come by `reportedAfterEnd`.
+    (Never name a signal `event`: it hides QObject.event, and PySide then keeps a
+    reference for every event Qt delivers, so the object is never freed.)"""
 
-    event = Signal(object)  # an engine.training.protocol event
+    reported = Signal(object)          # an engine.training.protocol event
+    reportedAfterEnd = Signal(object)  # a Saved or an Error that came after the end
+
+    def __init__(self):
+        super().__init__()
+        self.ended = False
 
     def relay(self, worker: TrainingWorker) -> None:
-        worker.event.connect(self.event)  # queued: self lives on the GUI thread
+        worker.reported.connect(self._relay)  # queued: self lives on the GUI thread
+
+    @Slot(object)
+    def _relay(self, event: Event) -> None:
+        if not self.ended:
+            self.reported.emit(event)
+        elif isinstance(event, (Saved, Error)):
+            self.reportedAfterEnd.emit(event)
 
 
 class Session:
@@ -71,14 +87,24 @@ class Session:
 
     def end(self, serve_saves: bool = True) -> None:
         """Ask the worker to end; returns at once (thread.finished follows). Its
-        reports stop here."""
-        self.reports.blockSignals(True)
+        reports stop here, but for its checkpoints' (reportedAfterEnd)."""
+        self.reports.ended = True
         self.worker.send(End(serve_saves))
 
     @property
     def waiting_for(self) -> str:
         """The call the worker is inside now, e.g. 'sampling 200 names' ('' if none)."""
         return self.worker.call
+
+    @property
+    def saving(self) -> bool:
+        """The worker is writing a checkpoint (which is never given up on)."""
+        return self.worker.call == SAVING
+
+    @property
+    def saves_pending(self) -> bool:
+        """A checkpoint asked for is still to be written (queued or being written)."""
+        return self.worker.saves_pending
 
 
 class Sessions(QObject):
@@ -129,6 +155,14 @@ class Sessions(QObject):
         """What the ending sessions are inside, e.g. 'sampling 200 names'."""
         return ", ".join(dict.fromkeys(s.waiting_for for s in self.ending if s.waiting_for))
 
+    def saving(self) -> bool:
+        """An ending session is writing a checkpoint."""
+        return any(s.saving for s in self.ending)
+
+    def saves_pending(self) -> list[Session]:
+        """The ending sessions that still have a checkpoint to write."""
+        return [s for s in self.ending if s.saves_pending]
+
 
 def _release_when_finished(session: Session) -> None:
     """Hold the session until its thread is past QThread's own ending, then let it go:
@@ -152,6 +186,11 @@ def shorten_gil_switch_interval() -> None:
 
 def running_sessions() -> list[Session]:
     return [s for s in list(_alive) if s.thread.isRunning()]
+
+
+def saving_sessions() -> list[Session]:
+    """Running sessions with a checkpoint still to write (the process must wait for them)."""
+    return [s for s in running_sessions() if s.saves_pending]
 
 
 def exit_now(message: str, status: int = 0) -> None:

@@ -1,13 +1,14 @@
 """Training off the GUI thread: a TrainingWorker (a QObject living in a QThread)
 that owns one backend, runs it in chunks of `backend.train(k)`, and reports
-by one signal, `event`, carrying engine.training.protocol events. No widget is
+by one signal, `reported`, carrying engine.training.protocol events. No widget is
 touched from here.
 
 The backend is created, used and closed in the worker's thread only (Futhark
 contexts are not thread-safe). The GUI talks to the worker with `send(command)`
 (engine.training.protocol commands): most are queued and read between calls; Stop
 and End also set flags at once (`interrupt`: a sample in progress is
-cancelled; `ending`: close the backend and finish, queued requests dropped).
+cancelled; `ending`: close the backend and finish, queued requests dropped
+but for the checkpoints asked for, which are written first).
 So the GUI never waits for the worker: a command takes effect after the
 current call, which is a chunk of about TARGET_CHUNK_S, one step of a large
 model, or an opening or a save that cannot be cut short. The worker's phase
@@ -27,9 +28,10 @@ import threading
 import time
 
 import numpy as np
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, Signal, Slot
 
 import engine
+from engine.futhark.build import BuildEvent, add_build_listener
 from engine.training import protocol as rs
 from engine.model.introspect import Snapshot
 from engine.training.heldout import HoldoutSchedule, evaluate_if_due, evaluation_estimate
@@ -42,10 +44,11 @@ MAX_STEPS_PER_CHUNK = 4096
 # this often, and never costing more than SNAPSHOT_SHARE of the training time
 SNAPSHOT_INTERVAL_S = 0.25
 SNAPSHOT_SHARE = 0.05
+SAVING = "saving the checkpoint"  # `call` while a checkpoint is written
 
 
 class TrainingWorker(QObject):
-    event = Signal(object)  # an engine.training.protocol event
+    reported = Signal(object)  # a protocol event (named so: see gui.sessions.WorkerReports)
     finished = Signal()     # the backend is closed; the thread ends next
 
     def __init__(self, spec: RunSpec):
@@ -68,6 +71,9 @@ class TrainingWorker(QObject):
         self._holdout = HoldoutSchedule()  # held-out evaluations: at most its share of the training time
         self._evaluating = True  # False once an evaluation failed: training goes on without them
         self._diverged = False     # a diverged run's parameters are not evaluated
+        # checkpoints asked for, and those written (or refused): each count has one writer thread
+        self._saves_sent = 0     # the GUI thread's
+        self._saves_settled = 0  # this worker's
 
     # called from the GUI thread (never waits) ---------------------------------
     def send(self, command: rs.Command) -> None:
@@ -76,6 +82,8 @@ class TrainingWorker(QObject):
         if isinstance(command, rs.WantSnapshots):
             (self._snapshots_wanted.set if command.wanted else self._snapshots_wanted.clear)()
             return
+        if isinstance(command, rs.Save):
+            self._saves_sent += 1
         if isinstance(command, rs.End):
             self._serve_saves = command.serve_saves
             self._ending.set()
@@ -93,6 +101,11 @@ class TrainingWorker(QObject):
     def steps_per_chunk(self) -> int:
         return self._k
 
+    @property
+    def saves_pending(self) -> bool:
+        """A checkpoint asked for is not written yet (queued, or being written)."""
+        return self._saves_sent > self._saves_settled
+
     # the worker's thread ----------------------------------------------------
     @Slot()
     def run(self) -> None:
@@ -100,10 +113,15 @@ class TrainingWorker(QObject):
             self._run()
         finally:
             self.call = ""
+            # back to the GUI thread, where the session lets go of this object once the
+            # thread has ended: a QObject is deleted in its own thread, never another's
+            app = QCoreApplication.instance()
+            if app is not None:
+                self.moveToThread(app.thread())
             self.finished.emit()
 
     def _emit(self, event: rs.Event) -> None:
-        self.event.emit(event)
+        self.reported.emit(event)
 
     def _run(self) -> None:
         try:
@@ -128,9 +146,9 @@ class TrainingWorker(QObject):
                 self._move(rs.Finished())
             elif self.spec.autostart:
                 self._move(rs.Resume())
-            self._loop()
+            taken = self._loop()
             if self._serve_saves:
-                self._write_queued_saves()
+                self._write_queued_saves(taken)
         finally:
             self.call = "closing the backend"
             self._close(self.backend)
@@ -148,14 +166,28 @@ class TrainingWorker(QObject):
         self.call = f"opening the {spec.backend} backend"
         self._emit(rs.Status(f"Opening backend {spec.backend} (a compiled backend builds its kernels "
                              "on first use; that can take a while)..."))
+        opener = threading.get_ident()
+        # a Futhark library built on first use (tens of seconds): said as the command line says it
+        remove = add_build_listener(lambda event: threading.get_ident() == opener and self._on_build(event))
         try:
             if spec.checkpoint is not None:
                 return engine.load_checkpoint(spec.checkpoint, backend=spec.backend)
             return engine.open_backend(spec.backend, spec.model, spec.train, spec.corpus)
         finally:
+            remove()
             self.call = ""
 
-    def _loop(self) -> None:
+    def _on_build(self, event: BuildEvent) -> None:
+        """A build this opening started, or ended (engine.futhark.build's announcement)."""
+        if event.phase == "start":
+            self.call = f"building {event.backend} (first use, {event.estimate})"  # the status says from what
+        else:
+            self.call = f"opening the {self.spec.backend} backend"
+        self._emit(rs.Status(event.message()))
+
+    def _loop(self) -> rs.Command | None:
+        """Commands and training chunks until the end; returns the command taken off
+        the queue when the end came, not carried out (a Save is still written)."""
         while not self._ending.is_set():
             if self.phase == Phase.DONE and self._commands.empty() and not self._heldout_current():
                 # a stopped run's held-out loss where it ended, or a finished run's whose last
@@ -167,7 +199,7 @@ class TrainingWorker(QObject):
             except queue.Empty:
                 command = None
             if self._ending.is_set():
-                return
+                return command
             if command is not None:
                 self._handle(command)
             elif self.phase == Phase.RUNNING:
@@ -175,6 +207,9 @@ class TrainingWorker(QObject):
                 time.sleep(0)  # hand the GIL to the GUI thread if it is waiting
 
     def _handle(self, command: rs.Command) -> None:
+        if isinstance(command, rs.Save):
+            self._settle(command, allows(self.phase, command))
+            return
         if isinstance(command, rs.Stop):
             self._interrupt.clear()
         if not allows(self.phase, command):
@@ -188,8 +223,6 @@ class TrainingWorker(QObject):
             self._move(command)
         elif isinstance(command, rs.Sample):
             self._sample(command)
-        elif isinstance(command, rs.Save):
-            self._save(command)
         elif isinstance(command, rs.TakeSnapshot):
             self._send_snapshot()
         elif isinstance(command, rs.Extend):
@@ -253,7 +286,7 @@ class TrainingWorker(QObject):
         self._next_snapshot = time.monotonic() + spacing
 
     def _save(self, command: rs.Save) -> None:
-        self.call = "saving the checkpoint"
+        self.call = SAVING
         try:
             engine.save_checkpoint(command.path, self.backend)
         except Exception as exc:
@@ -264,15 +297,27 @@ class TrainingWorker(QObject):
             self.call = ""
         self._emit(rs.Saved(str(command.path), self.backend.step, command.autosave))
 
-    def _write_queued_saves(self) -> None:
-        """Ending: checkpoints the user asked for are still written; the rest is dropped."""
+    def _write_queued_saves(self, taken: rs.Command | None = None) -> None:
+        """Ending: checkpoints asked for (`taken`, the command the loop had taken
+        when the end came, and those still queued) are still written; the rest is
+        dropped."""
+        commands = [taken] if taken is not None else []
         while True:
             try:
-                command = self._commands.get_nowait()
+                commands.append(self._commands.get_nowait())
             except queue.Empty:
-                return
+                break
+        for command in commands:
             if isinstance(command, rs.Save):
+                self._settle(command, True)
+
+    def _settle(self, command: rs.Save, write: bool) -> None:
+        """A checkpoint asked for, written (or refused: not in this phase), and counted."""
+        try:
+            if write:
                 self._save(command)
+        finally:
+            self._saves_settled += 1
 
     def _train_chunk(self) -> None:
         backend = self.backend

@@ -9,7 +9,10 @@ sampling. It checks what issue 13 asks:
   no Python exception in a slot, no Qt warning, no abort (run it as a process: abort = signal)
   every training thread finished at the end, every closed window really closed
 
-    python scripts/soak.py [--seed 1] [--actions 300 | --minutes 30] [--json report.json]
+    python scripts/soak.py [--seed 1] [--actions 300 | --minutes 30] [--json report.json] [--keep-files]
+
+Its files (datasets, checkpoints, exports, settings) go in a temporary folder,
+removed at the end unless --keep-files.
 
 Exit status 0 when every check holds, 1 otherwise. Offscreen by default.
 """
@@ -20,6 +23,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -237,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stacks", action="store_true",
                         help="sample the GUI thread's stack every 2 ms and report it for each stall over 50 ms")
     parser.add_argument("--json", help="also write the report to this file")
+    parser.add_argument("--keep-files", action="store_true", help="keep the soak's temporary folder (printed)")
     args = parser.parse_args(argv)
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -245,10 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     import gui  # noqa: F401  (the PySide6 6.12 reference-count guard)
 
     app = QApplication([sys.argv[0]])
+    app.setQuitOnLastWindowClosed(False)  # windows close and reopen; finish() ends the soak
     soak = Soak(app, args)
     soak.start()
     app.exec()
     report = soak.report()
+    if args.keep_files:
+        print(f"the soak's files: {soak.folder}")
+    else:
+        shutil.rmtree(soak.folder, ignore_errors=True)
     text = json.dumps(report, indent=1)
     if args.json:
         Path(args.json).write_text(text)

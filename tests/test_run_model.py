@@ -100,6 +100,10 @@ def test_unsaved_means_trained_since_the_last_save_or_load():
     assert not loaded.unsaved and loaded.saved_path == "run.npz"
     loaded.apply(rs.End())
     assert not loaded.unsaved  # an ended run has no model left to save
+    running = opened_model(phase=RU)
+    assert running.step == 0 and running.unsaved  # training: steps are being made before they are reported
+    resumed = opened_model(step=30, from_checkpoint=True, phase=RU)
+    assert resumed.unsaved
 
 
 def test_an_ended_run_ignores_its_last_reports_then_forgets_everything():

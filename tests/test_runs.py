@@ -116,3 +116,15 @@ def test_an_ended_run_is_compacted_to_block_means():
     assert np.isnan(record.wall_seconds()[0]) and record.wall_seconds()[-1] == pytest.approx(5.001)
     with pytest.raises(ValueError, match="compacted"):
         record.extend([1.0], record.steps)
+
+
+def test_a_short_ended_run_keeps_every_step_and_no_spare_room():
+    losses = np.linspace(3.0, 2.0, 3000, dtype=np.float32)
+    record = make()
+    for first in range(0, 3000, 100):
+        record.extend(losses[first:first + 100], first, 0.1)
+    record.compact(max_points=8192)
+    assert record.block == 1 and record.steps == 3000
+    np.testing.assert_array_equal(record.losses, losses)
+    assert record._losses.nbytes == losses.nbytes and len(record._step_seconds) == 3000  # grown buffers trimmed
+    assert record.ms_per_step == pytest.approx(1.0)

@@ -96,8 +96,12 @@ class RunRecord:
 
     def compact(self, max_points: int = MAX_POINTS) -> None:
         """Keep at most max_points points: losses averaged and seconds summed over
-        blocks of steps (an ended run's curve; the record is not extended after)."""
+        blocks of steps (an ended run's curve; the record is not extended after).
+        A shorter record keeps every step, in arrays trimmed to its length (a growing
+        record's have room for up to as many again)."""
         if self._points <= max_points:
+            self._losses = self._losses[: self._points].copy()
+            self._step_seconds = self._step_seconds[: self._points].copy()
             return
         self._ms_per_step = self.ms_per_step
         block = math.ceil(self._points / max_points)

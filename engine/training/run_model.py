@@ -146,8 +146,9 @@ class RunModel:
 
     @property
     def unsaved(self) -> bool:
-        """A model that trained since it was last saved or loaded (closing it loses that)."""
-        return self.has_model and self.step > self.saved_step
+        """A model that trained since it was last saved or loaded (closing it loses that);
+        a running one is, from its start (its first steps may not be reported yet)."""
+        return self.has_model and (self.step > self.saved_step or self.phase == Phase.RUNNING)
 
     @property
     def finished(self) -> bool:

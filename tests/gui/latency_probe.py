@@ -148,7 +148,10 @@ class LatencyProbe(QObject):
         while True:
             for ident, frame in sys._current_frames().items():
                 if ident != me:
-                    stack = traceback.extract_stack(frame, limit=10)
+                    try:
+                        stack = traceback.extract_stack(frame, limit=10)
+                    except Exception:  # a frame that changed while it was read (CPython 3.11): skip it
+                        continue
                     where = "GUI: " if ident == self._gui_thread else "other: "
                     self._samples.append((time.perf_counter(), where + " <- ".join(
                         f"{s.filename.rsplit('/', 1)[-1]}:{s.lineno} {s.name}" for s in reversed(stack[-6:]))))

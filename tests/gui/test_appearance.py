@@ -156,6 +156,34 @@ def test_a_long_status_message_stops_short_of_the_fields_on_the_right(make_windo
     assert 6 + bar.fontMetrics().horizontalAdvance(text) < first_field - 8
 
 
+def test_a_status_message_ends_at_a_word_and_is_elided_again_when_its_room_changes(make_window, names_path, qtbot):
+    """Issue 27: messages were cut off mid-word, under the permanent fields, when the
+    fields grew or the window narrowed after the message was shown."""
+    window = make_window(names_path)
+    window.resize(1400, 700)
+    qtbot.wait(50)
+    bar = window.statusBar()
+    text = "Run ended: you can sample, save a checkpoint, continue to more steps or train again"
+    bar.showMessage(text, 10_000)
+    assert bar.currentMessage() == text and bar.message() == text
+
+    def fits():
+        first_field = min(label.x() for label in window.status_labels.values() if label.isVisible())
+        return 6 + bar.fontMetrics().horizontalAdvance(bar.currentMessage()) < first_field
+
+    window.status_labels["loss"].setText("Loss " + "9" * 60)  # a field grows
+    qtbot.waitUntil(lambda: bar.currentMessage() != text, timeout=2000)
+    shown = bar.currentMessage()
+    assert fits() and shown.endswith("…") and text.startswith(shown[:-1])
+    assert text[len(shown) - 1] in " ,:"  # at the end of a word
+    assert bar.message() == bar.toolTip() == text
+    window.status_labels["loss"].setText("Loss 2.0")  # room again: the whole message
+    qtbot.waitUntil(lambda: bar.currentMessage() == text, timeout=2000)
+    window.resize(700, 700)
+    qtbot.waitUntil(lambda: bar.currentMessage() != text, timeout=2000)
+    assert fits()
+
+
 def test_a_messages_status_line_goes_when_its_box_is_closed(make_window, names_path, qtbot):
     from PySide6.QtWidgets import QMessageBox
 

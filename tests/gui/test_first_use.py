@@ -94,6 +94,28 @@ def test_the_uniform_line_is_named_in_the_legend(make_window, names_path):
     assert plot.uniform_line.value() == pytest.approx(math.log(27))
 
 
+@pytest.mark.parametrize("log_y", [False, True])
+def test_an_empty_plot_shows_the_line_its_legend_names(make_window, names_path, qtbot, log_y):
+    """Issue 27: the legend of an empty plot listed a line that was off its axes; after
+    a run is reset too."""
+    window = make_window(names_path)
+    plot = window.loss_plot
+    plot.set_log_y(log_y)
+
+    def line_in_view():
+        low, high = plot.plot.getPlotItem().vb.viewRange()[1]
+        return low < plot.uniform_line.value() < high
+
+    qtbot.wait(50)
+    assert plot.series.n == 0 and plot.uniform_line.isVisible() and line_in_view()
+    window.start_run()
+    qtbot.waitUntil(lambda: window.state == "done", timeout=60_000)
+    window.reset()
+    qtbot.waitUntil(lambda: window.state == "none", timeout=60_000)
+    qtbot.wait(50)
+    assert plot.series.n == 0 and line_in_view()
+
+
 # 5. the plot, the settings column, the status bar -----------------------------------------
 def test_the_top_y_tick_label_is_inside_the_plot(make_window, names_path, qtbot):
     window = make_window(names_path)

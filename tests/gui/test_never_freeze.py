@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QListWidget
 import engine
 import slow_backend
 from engine.training.protocol import Sample, Save
+from gui import sessions
 from latency_probe import LatencyProbe
 from slow_backend import Delays, SlowBackend
 from test_window import TIMEOUT_MS, wait_state
@@ -56,7 +57,7 @@ def timed(fn, *args):
 # closing ------------------------------------------------------------------------
 CLOSE_CHILD = r"""
 import json, os, sys, time
-root = sys.argv[1]
+root, data, sample_s, bound_s, mode, save_path = sys.argv[1:7]
 sys.path[:0] = [root, os.path.join(root, "tests", "gui")]
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 from PySide6.QtCore import QTimer
@@ -65,14 +66,11 @@ app = QApplication([])
 import slow_backend
 from gui.app import run_gui
 from gui.main_window import MainWindow
-try:
-    from gui import sessions
-    sessions.END_BOUND_S = float(sys.argv[4])
-except ImportError:  # a build from before gui.sessions (to see this test fail there)
-    pass
-slow_backend.register(slow_backend.Delays(sample_s=float(sys.argv[3]), cancellable=False))
+from gui import sessions
+sessions.END_BOUND_S = float(bound_s)
+slow_backend.register(slow_backend.Delays(sample_s=float(sample_s), cancellable=False))
 
-def drive():  # inside run_gui's event loop: train, sample, close while sampling
+def drive():  # inside run_gui's event loop: train, sample (and save), close while sampling
     window = next(w for w in app.topLevelWidgets() if isinstance(w, MainWindow))
     def wait(predicate):
         while not predicate():
@@ -87,42 +85,77 @@ def drive():  # inside run_gui's event loop: train, sample, close while sampling
     wait(lambda: window.state == "running")
     window.request_samples(200, 0.5, 0)
     wait(lambda: slow_backend.SlowBackend.calls["sample_started"] == 1)
+    if save_path:
+        window.save_checkpoint(save_path)  # queued behind the sample
     started = time.monotonic()
     window.close()
-    print(json.dumps({"close_s": time.monotonic() - started, "visible": window.isVisible()}), flush=True)
+    print(json.dumps({"close_s": time.monotonic() - started, "visible": window.isVisible(),
+                      "closed_at": time.time()}), flush=True)
 
 QTimer.singleShot(0, drive)
 from engine.cli.commands import window_args
-status = run_gui(window_args(["--data", sys.argv[2]])[0])  # returns when the window has really closed
-print(json.dumps({"status": status, "samples_finished": slow_backend.SlowBackend.calls["sample"]}), flush=True)
+status = run_gui(window_args(["--data", data])[0])  # returns when the window has closed
+print(json.dumps({"status": status, "samples_finished": slow_backend.SlowBackend.calls["sample"],
+                  "returned_at": time.time()}), flush=True)
+if mode == "leave":  # as main.py does
+    from gui.app import leave
+    leave(status)
 """
 
 
-def run_close_child(names_path, tmp_path, sample_s, bound_s):
+def run_close_child(names_path, tmp_path, sample_s, bound_s, mode="return", save_path=""):
     env = dict(os.environ, MICROGPT_GUI_SETTINGS=str(tmp_path / "settings.ini"))
-    return subprocess.run([sys.executable, "-c", CLOSE_CHILD, str(ROOT), str(names_path), str(sample_s), str(bound_s)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", CLOSE_CHILD, str(ROOT), str(names_path), str(sample_s),
+                             str(bound_s), mode, str(save_path)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result.exited_at = time.time()
+    return result
 
 
-def test_close_during_a_long_sample_hides_at_once_and_quits_after_it(names_path, tmp_path):
+def test_close_during_a_long_sample_closes_at_once(names_path, tmp_path):
+    """Nothing to write: the window closes at once, not after the worker's call (issue 27:
+    Quit took 1.4-1.8 s after Discard); the interpreter's exit then waits for the
+    thread (no running QThread destroyed)."""
     sample_s = 4.0  # a sample that cannot be cancelled
     result = run_close_child(names_path, tmp_path, sample_s, bound_s=60)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Destroyed while thread" not in result.stderr
     closing, ended = (json.loads(line) for line in result.stdout.splitlines()[-2:])
     assert not closing["visible"] and closing["close_s"] < sample_s / 4  # hidden at once
-    assert ended == {"status": 0, "samples_finished": 1}  # quit once the worker had finished its call
+    assert ended["status"] == 0 and ended["samples_finished"] == 0  # run_gui returned before the call ended
+    assert ended["returned_at"] - closing["closed_at"] < sample_s / 4
     assert (tmp_path / "settings.ini").is_file()
 
 
-def test_a_closed_window_exits_after_the_bound_if_the_worker_is_stuck(names_path, tmp_path):
+def test_the_app_leaves_at_once_without_waiting_for_a_discarded_run(names_path, tmp_path):
+    sample_s = 30.0
+    result = run_close_child(names_path, tmp_path, sample_s, bound_s=60, mode="leave")
+    assert result.returncode == 0, result.stderr[-2000:]
+    closing = json.loads(result.stdout.splitlines()[0])
+    assert result.exited_at - closing["closed_at"] < sample_s / 4
+    assert "Destroyed while thread" not in result.stderr and "still busy" not in result.stderr
+
+
+def test_a_closed_window_waits_for_a_checkpoint_queued_behind_a_call(names_path, tmp_path):
+    path = tmp_path / "queued.npz"
+    result = run_close_child(names_path, tmp_path, sample_s=3.0, bound_s=60, mode="leave", save_path=path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    closing, ended = (json.loads(line) for line in result.stdout.splitlines()[:2])
+    assert not closing["visible"] and ended["samples_finished"] == 1  # closed after the sample, then the save
+    assert engine.read_checkpoint(path).step > 0
+
+
+def test_a_closed_window_exits_after_the_bound_if_the_worker_is_stuck_and_says_what_is_lost(names_path,
+                                                                                             tmp_path):
+    path = tmp_path / "never.npz"
     started = time.monotonic()
-    result = run_close_child(names_path, tmp_path, sample_s=100, bound_s=1)
+    result = run_close_child(names_path, tmp_path, sample_s=100, bound_s=1, save_path=path)
     assert time.monotonic() - started < 60  # nowhere near the 100 s call
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Destroyed while thread" not in result.stderr
     assert "still busy (sampling 200 names) 1 s after the window was closed" in result.stderr
-    assert json.loads(result.stdout.splitlines()[0])["visible"] is False
+    assert "the checkpoints asked for after its call are not written" in result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["visible"] is False and not path.exists()
 
 
 # reset, stop and load while the worker is busy ------------------------------------------
@@ -147,6 +180,25 @@ def test_reset_while_opening_keeps_the_window_responsive(make_window, names_path
     assert window.loss_plot.series.n == 30
 
 
+def test_stop_is_acknowledged_at_once_and_takes_effect_after_the_step(make_window, names_path, slow, qtbot):
+    """A large model's step cannot be cut short: Stop says so at once (issue 27: Stop at
+    s256 took 0.6-0.8 s with nothing shown meanwhile), then the run stops."""
+    slow()
+    window = make_window(names_path)
+    start_slow_run(qtbot, window)
+    SlowBackend.delays.train_s = 2.0  # every call from now on: a long step
+    calls = SlowBackend.calls["train"]
+    qtbot.waitUntil(lambda: SlowBackend.calls["train"] > calls + 1, timeout=TIMEOUT_MS)  # inside a long one
+    window.stop()
+    assert window.state == "running"  # the worker is inside its step...
+    assert not window.stop_button.isEnabled()  # ...but the window has answered
+    assert window.statusBar().message() == "Stopping after the step in progress..."
+    assert window.progress_bar.text().endswith("stopping after this step…")
+    wait_state(qtbot, window, "done")
+    assert "Stopped at step" in window.statusBar().message()
+    assert window.train_button.text() == "Resume" and not window.progress_bar.text().endswith("…")
+
+
 def test_stop_cancels_a_sample_in_progress(make_window, names_path, slow, qtbot):
     slow(sample_s=30)
     window = make_window(names_path)
@@ -159,7 +211,9 @@ def test_stop_cancels_a_sample_in_progress(make_window, names_path, slow, qtbot)
     assert window.sample_panel.names() == []
 
 
-def test_reset_drops_requests_still_queued(make_window, names_path, slow, qtbot, tmp_path):
+def test_reset_drops_requests_still_queued_but_writes_the_checkpoints(make_window, names_path, slow, qtbot,
+                                                                      tmp_path):
+    """Reset discards the run, not a save asked for before it (issue 27)."""
     slow(sample_s=2.0, cancellable=False)
     window = make_window(names_path)
     start_slow_run(qtbot, window)
@@ -171,7 +225,7 @@ def test_reset_drops_requests_still_queued(make_window, names_path, slow, qtbot,
     window.reset()
     wait_state(qtbot, window, "none")
     assert SlowBackend.calls["sample_started"] == 1  # the second request was not served
-    assert not (tmp_path / "queued.npz").exists()
+    assert engine.read_checkpoint(tmp_path / "queued.npz").step == worker.step > 0
     assert window.findChild(QListWidget, "samplesList").count() == 0
 
 
@@ -182,6 +236,21 @@ def test_closing_still_writes_a_queued_checkpoint(make_window, names_path, slow,
     window.request_samples(5, 0.5, 0)
     wait_inside(qtbot, "sample_started")
     path = tmp_path / "asked-for.npz"
+    window.save_checkpoint(str(path))
+    with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
+        window.close()
+    assert engine.read_checkpoint(path).step > 0
+
+
+def test_a_closed_window_waits_for_a_checkpoint_past_its_bound(make_window, names_path, slow, qtbot, tmp_path,
+                                                                monkeypatch):
+    """The closed window gives up on a busy worker after END_BOUND_S, but not on one
+    writing a checkpoint (make_window's teardown fails on a give-up)."""
+    monkeypatch.setattr(sessions, "END_BOUND_S", 0.3)
+    slow(state_s=1.5)
+    window = make_window(names_path)
+    start_slow_run(qtbot, window)
+    path = tmp_path / "slow-save.npz"
     window.save_checkpoint(str(path))
     with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
         window.close()

@@ -196,7 +196,82 @@ def test_closing_during_a_long_call_asks_then_hides_at_once(make_window, names_p
         with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
             question(window).button(QMessageBox.Discard).click()
             assert not window.isVisible() and time.monotonic() - started < 1.0  # hidden at once
-        assert question(window) is None  # nothing asked after the window is gone
+        qtbot.waitUntil(lambda: question(window) is None, timeout=TIMEOUT_MS)  # nothing asked after it is gone
+    finally:
+        slow_backend.unregister()
+
+
+def test_closing_before_the_first_step_is_reported_asks(make_window, names_path, qtbot):
+    """A running run is unsaved from its start: the window has not seen a step yet
+    (the first call takes 3 s here), the worker is making them (issue 27)."""
+    slow_backend.register(slow_backend.Delays(train_s=3.0))
+    try:
+        window = make_window(names_path)
+        window.ask_before_discarding = True
+        assert window.config_panel.select_backend(slow_backend.NAME)
+        set_steps(window, 1_000_000)
+        window.start_run()
+        wait_state(qtbot, window, "running")
+        qtbot.waitUntil(lambda: slow_backend.SlowBackend.calls["train"] == 1, timeout=TIMEOUT_MS)
+        window.close()
+        assert window.loss_plot.series.n == 0 and window.isVisible()
+        assert question(window) is not None and "is training" in question(window).text()
+        with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):
+            answer(qtbot, window, QMessageBox.Discard)
+    finally:
+        slow_backend.unregister()
+
+
+def save_during_the_held_out_pass_then(window, qtbot, path, action):
+    """Stop a slow-backend run, ask for a save of it while the worker evaluates the
+    held-out loss (a pass of 3 s batches), then Quit or Reset and Discard (the run,
+    not the save) within that batch: the End comes before the worker takes the Save."""
+    window.ask_before_discarding = True
+    assert window.config_panel.select_backend(slow_backend.NAME)
+    set_steps(window, 1_000_000)
+    window.start_run()
+    qtbot.waitUntil(lambda: window.loss_plot.series.n > 0, timeout=TIMEOUT_MS)
+    slow_backend.SlowBackend.delays = slow_backend.Delays(heldout_s=3.0)
+    window.stop()
+    wait_state(qtbot, window, "done")
+    worker = window.session.worker
+    qtbot.waitUntil(lambda: worker.call == "evaluating the held-out loss", timeout=TIMEOUT_MS)
+    window.save_checkpoint(str(path))  # queued: the pass gives way at its next batch
+    window.close() if action == "quit" else window.reset()
+    answer(qtbot, window, QMessageBox.Discard)
+    qtbot.waitUntil(lambda: not window.sessions.busy_ending, timeout=TIMEOUT_MS)
+    return worker.step
+
+
+@pytest.mark.parametrize("action", ["quit", "reset"])
+def test_a_save_asked_for_during_the_held_out_pass_is_written_whatever_ends_the_run(
+        make_window, names_path, qtbot, tmp_path, action):
+    """Issue 27: the worker took the Save off its queue, saw the end and dropped it."""
+    slow_backend.register(slow_backend.Delays())
+    try:
+        window = make_window(names_path)
+        path = tmp_path / "asked.npz"
+        step = save_during_the_held_out_pass_then(window, qtbot, path, action)
+        assert engine.read_checkpoint(path).step == step > 0
+        if action == "reset":
+            qtbot.waitUntil(lambda: window.statusBar().message() == f"Checkpoint saved to {path}",
+                            timeout=TIMEOUT_MS)
+    finally:
+        slow_backend.unregister()
+
+
+@pytest.mark.parametrize("action", ["quit", "reset"])
+def test_a_save_that_fails_after_the_run_ended_says_so(make_window, names_path, qtbot, tmp_path, capfd, action):
+    slow_backend.register(slow_backend.Delays())
+    try:
+        window = make_window(names_path)
+        (tmp_path / "a file").write_text("not a folder")
+        path = tmp_path / "a file" / "asked.npz"
+        save_during_the_held_out_pass_then(window, qtbot, path, action)
+        qtbot.waitUntil(lambda: bool(window.messages) and window.messages[-1][0] == "error", timeout=TIMEOUT_MS)
+        assert str(path) in window.messages[-1][2] and not path.exists()
+        if action == "quit":  # the window is gone: said on stderr
+            assert f"could not save the checkpoint {path}" in capfd.readouterr().err
     finally:
         slow_backend.unregister()
 
@@ -255,7 +330,39 @@ def test_the_dataset_box_and_the_runs_table_show_the_run_s_own_dataset(
     assert [panel.table.item(r, dataset_col).text() for r in range(3)] == [
         "names.txt", "other.txt", "the dataset in elsewhere.npz"]
     assert [panel.comparable(r) for r in panel.runs] == [True, False, True]  # the loaded run is names.txt's
+    window.tabs.setCurrentWidget(panel)  # (a hidden Runs tab is restyled when shown)
     assert panel.table.item(1, 0).font().italic() and "not comparable" in panel.info.text()
+
+
+def test_a_reloaded_checkpoint_continues_its_run_s_row(make_window, names_path, names_corpus, qtbot, tmp_path):
+    """Save at 60 steps, continue to 120, load the checkpoint: one row, rewound to step
+    60 with its step times; loaded again, still one row; another run's checkpoint is
+    a run of its own (issue 27: a loaded checkpoint appeared as a second copy)."""
+    window = make_window(names_path)
+    train_to_end(qtbot, window, 60)
+    path = tmp_path / "sixty.npz"
+    window.save_checkpoint(str(path))
+    qtbot.waitUntil(lambda: not window.run.unsaved, timeout=TIMEOUT_MS)
+    set_steps(window, 120)
+    click(qtbot, window, "trainButton")  # Continue to 120 steps
+    qtbot.waitUntil(lambda: window.loss_plot.series.n == 120 and window.state == "done", timeout=TIMEOUT_MS)
+    panel = window.run_list
+    record = panel.runs[0]
+    assert record.steps == 120
+    for _ in range(2):
+        window.load_checkpoint(str(path))
+        qtbot.waitUntil(lambda: window.run.saved_path == str(path) and window.state == "done", timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: panel.runs[-1].status == "loaded", timeout=TIMEOUT_MS)
+        assert panel.runs == [record] and panel.table.rowCount() == 1
+        assert record.steps == 60 and record.train.num_steps == 60 and not np.isnan(record.ms_per_step)
+        np.testing.assert_array_equal(record.losses, window.session.worker.loss_history())
+    window.load_checkpoint(str(saved_elsewhere(names_corpus, tmp_path)))
+    qtbot.waitUntil(lambda: len(panel.runs) == 2, timeout=TIMEOUT_MS)
+    assert [r.name for r in panel.runs] == ["run 1", "run 2"] and panel.runs[1].steps == 30
+    window.tabs.setCurrentWidget(panel)  # the table is filled while on screen
+    steps, status = COLUMNS.index("Steps"), COLUMNS.index("Status")
+    assert [(panel.table.item(r, steps).text(), panel.table.item(r, status).text()) for r in range(2)] == [
+        ("60", "loaded"), ("30", "loaded")]
 
 
 def test_runs_can_be_removed_and_an_ended_run_is_compacted(qtbot):
@@ -316,9 +423,33 @@ def test_an_opening_shows_its_elapsed_seconds(make_window, names_path, qtbot):
         assert window.config_panel.select_backend(slow_backend.NAME)
         set_steps(window, 20)
         window.start_run()
-        qtbot.waitUntil(lambda: window.progress_bar.format().endswith("1 s"), timeout=TIMEOUT_MS)
-        assert "opening the slow-numpy backend" in window.progress_bar.format()
-        assert window.progress_bar.maximum() == 0  # busy: no step count yet
+        bar = window.progress_bar
+        qtbot.waitUntil(lambda: bar.format().endswith("1 s"), timeout=TIMEOUT_MS)
+        # text() is what Qt draws: nothing on a busy bar (issue 27's first build)
+        assert bar.isTextVisible() and bar.text() == bar.format()
+        assert bar.text().startswith("opening the slow-numpy backend… ")
+        wait_state(qtbot, window, "done")
+    finally:
+        slow_backend.unregister()
+
+
+def test_a_first_use_build_says_what_it_does_and_counts_its_seconds_to_the_end(make_window, names_path, qtbot):
+    """As the command line does: the build's announcement, in the progress bar with the
+    seconds so far and in the status bar, for the whole build (12 s here, past the
+    10 s a status message used to last)."""
+    slow_backend.register(slow_backend.Delays(build_s=12.0))
+    try:
+        window = make_window(names_path)
+        assert window.config_panel.select_backend(slow_backend.NAME)
+        set_steps(window, 20)
+        window.start_run()
+        bar, status = window.progress_bar, window.statusBar()
+        building = f"building {slow_backend.NAME} (first use, about 12 s)… "
+        qtbot.waitUntil(lambda: bar.text().startswith(building), timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: bar.text() == building + "11 s", timeout=TIMEOUT_MS)
+        assert window.state == "opening"
+        assert status.message() == (
+            f"building {slow_backend.NAME} from the shipped C with cc 1.0 (first use, about 12 s)...")
         wait_state(qtbot, window, "done")
     finally:
         slow_backend.unregister()

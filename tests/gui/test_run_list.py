@@ -2,6 +2,8 @@
 step or wall-clock x axis."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
@@ -40,8 +42,8 @@ def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
         panel.add_run(r, checked=False)
     assert panel.table.rowCount() == 3 and not panel.curves
     assert [panel.table.item(1, c).text() for c in range(len(COLUMNS))] == [
-        "run 2", "s32", "numpy", "0.005", "1", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "-", "-", "2",
-        "500", "-", "finished"]  # batch 1, no held-out points, 1 name per 2 ms
+        "run 2", "finished", "s32", "numpy", "0.005", "1", "500", f"{ema(runs[1].losses, 0.95)[0][-1]:.4f}", "-",
+        "-", "2", "500", "-"]  # batch 1, no held-out points, 1 name per 2 ms
 
     with qtbot.waitSignal(panel.checkedChanged):
         panel.table.item(0, 0).setCheckState(Qt.Checked)  # as a click on the box does
@@ -49,7 +51,7 @@ def test_the_overlay_shows_one_curve_per_ticked_run(qtbot, panel):
     assert panel.checked_runs() == [runs[0], runs[2]]
     assert set(panel.curves) == {id(runs[0]), id(runs[2])}
     legend = [label.text for _, label in panel.legend.items]
-    assert len(legend) == 2 and legend[0].startswith("run 1") and legend[1].startswith("run 3")
+    assert legend == ["run 1: lr 0.01", "run 3: lr 0.003"]  # what differs between the ticked runs
     colors = {panel.curves[id(r)].opts["pen"].color().getRgb()[:3] for r in (runs[0], runs[2])}
     assert len(colors) == 2  # distinct
     for r in (runs[0], runs[2]):
@@ -136,3 +138,76 @@ def test_a_compacted_run_follows_a_new_smoothing_at_the_blocks_weight(qtbot, pan
     np.testing.assert_allclose(y, ema(ended.losses, 0.8 ** block)[0])  # the EMA over the steps, per block
     np.testing.assert_allclose(panel.curves[id(live)].getOriginalDataset()[1], ema(live.losses, 0.8)[0])
     assert panel.table.item(1, COLUMNS.index("Smoothed loss")).text() == f"{ema(ended.losses, 0.8 ** block)[0][-1]:.4f}"
+
+
+def test_legend_labels_say_what_differs_between_the_ticked_runs(qtbot, panel):
+    """Issue 27: the legend entries of different runs read the same."""
+    p = engine.PRESETS["tiny"]
+    base = RunRecord("run 1", "numpy", p.model, p.train)
+    longer = RunRecord("run 2", "numpy", p.model, replace(p.train, num_steps=3000, seed=7))
+    wider = RunRecord("run 3", "numpy", replace(p.model, n_embd=32), p.train)  # custom
+    twin = RunRecord("run 4", "numpy", p.model, p.train)
+    for r in (base, longer, wider, twin):
+        r.extend(np.linspace(3, 2, 20), 0, 0.02)
+        panel.add_run(r, checked=False)
+
+    def legend():
+        return [label.text for _, label in panel.legend.items]
+
+    panel.set_checked(base, True)
+    assert legend() == ["run 1: tiny, numpy, lr 0.01"]  # alone: its summary
+    panel.set_checked(longer, True)
+    assert legend() == ["run 1: 1,000 steps, seed 42", "run 2: 3,000 steps, seed 7"]
+    panel.set_checked(wider, True)  # another network: the preset says it, not its fields
+    assert legend() == ["run 1: tiny, 1,000 steps, seed 42", "run 2: tiny, 3,000 steps, seed 7",
+                        "run 3: custom, 1,000 steps, seed 42"]
+    panel.set_checked(longer, False)
+    panel.set_checked(wider, False)
+    panel.set_checked(twin, True)  # the same settings: the names tell them apart
+    assert legend() == ["run 1: tiny, numpy, lr 0.01", "run 4: tiny, numpy, lr 0.01"]
+
+
+def test_the_table_fits_the_runs_pane_of_the_default_window(make_window, names_path, qtbot):
+    """Issue 27: the table was wider than its pane (Dataset cut, Status only by scrolling)."""
+    from test_window import train_to_end
+
+    window = make_window(names_path)
+    window.resize(1200, 760)  # the window's first size
+    train_to_end(qtbot, window, 20)
+    window.tabs.setCurrentWidget(window.run_list)
+    table = window.run_list.table
+    qtbot.waitUntil(lambda: table.item(0, COLUMNS.index("Steps")).text() == "20", timeout=5000)
+    header = table.horizontalHeader()
+    assert header.length() <= table.viewport().width() and table.horizontalScrollBar().maximum() == 0
+    status = COLUMNS.index("Status")
+    assert header.sectionViewportPosition(status) + header.sectionSize(status) <= table.viewport().width()
+    assert table.item(0, status).text() == "finished"
+    dataset = table.item(0, COLUMNS.index("Dataset"))
+    assert dataset.toolTip() == "names.txt" and header.sectionSize(COLUMNS.index("Dataset")) >= (
+        table.fontMetrics().horizontalAdvance("names.txt"))
+
+
+def test_a_new_smoothing_sets_only_the_cells_it_changes_and_waits_for_a_hidden_tab(qtbot):
+    """Issue 27: the smoothing slider stalled the window (150-196 ms) once many runs were
+    listed: every cell of every row was set again, and each change made the table
+    measure its columns over every row."""
+    panel = RunListPanel()
+    qtbot.addWidget(panel)
+    panel.resize(800, 600)
+    runs = [record(f"run {i + 1}", "tiny", 0.01, 200, 0.001, i) for i in range(30)]
+    for r in runs:
+        panel.add_run(r)
+    changed = []
+    panel.table.model().dataChanged.connect(lambda top, bottom, roles: changed.append((top.row(), top.column())))
+    smoothed = COLUMNS.index("Smoothed loss")
+    panel.set_smoothing(0.5)  # hidden: nothing drawn yet
+    assert changed == []
+    panel.show()
+    qtbot.waitUntil(lambda: len(changed) == len(runs), timeout=2000)
+    assert sorted(changed) == [(row, smoothed) for row in range(len(runs))]
+    assert [panel.table.item(row, smoothed).text() for row in range(len(runs))] == [
+        f"{ema(r.losses, 0.5)[0][-1]:.4f}" for r in runs]
+    changed.clear()
+    panel.set_smoothing(0.5)  # the same weight: nothing changes
+    qtbot.wait(50)
+    assert changed == []

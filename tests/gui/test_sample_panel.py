@@ -58,3 +58,14 @@ def test_the_window_samples_names_of_at_most_max_length(make_window, names_path,
     assert names == backend.sample(30, 2.0, 0, max_length=max_length or None)
     # auto: names.txt's longest name (15) + 5, capped at block_size 16, as microgpt samples
     assert max(map(len, names)) == (max_length or 16)
+
+
+def test_copy_is_enabled_only_with_names(qtbot):
+    """Issue 27: Copy was enabled with no names."""
+    panel = SamplePanel()
+    qtbot.addWidget(panel)
+    assert not panel.copy_button.isEnabled()
+    panel.show_samples(["emma", "ava"], 10)
+    assert panel.copy_button.isEnabled()
+    panel.clear()
+    assert not panel.copy_button.isEnabled()

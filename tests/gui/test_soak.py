@@ -19,10 +19,12 @@ def test_soak_no_stall_no_abort_every_thread_finished(names_path, tmp_path):
     actions = int(os.environ.get("MICROGPT_SOAK_ACTIONS", "250"))
     report_path = tmp_path / "soak.json"
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    env["TMPDIR"] = str(tmp_path)  # the soak's temporary folder, seen to go
     result = subprocess.run(
         [sys.executable, "scripts/soak.py", "--seed", str(seed), "--actions", str(actions), "--max-stall-ms", "100",
          "--data", str(names_path), "--json", str(report_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert not list(tmp_path.glob("microgpt-soak-*")), "the soak left its temporary folder"
     assert result.returncode in (0, 1), f"the soak died (status {result.returncode}): {result.stderr[-3000:]}"
     report = json.loads(report_path.read_text())
     assert report["exceptions"] == []

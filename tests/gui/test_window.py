@@ -99,7 +99,7 @@ def test_sampling_during_and_after_training(make_window, names_path, names_corpu
     click(qtbot, window, "trainButton")
     wait_steps(qtbot, window)
     seen = []
-    window.session.worker.event.connect(
+    window.session.worker.reported.connect(
         lambda event: isinstance(event, Samples) and seen.append((window.state, event.step)))
     click(qtbot, window, "sampleButton")
     # both reach the GUI thread as queued events, the list's first: wait for both
@@ -156,6 +156,9 @@ def test_stop_ends_the_run_early(make_window, names_path, qtbot):
     assert not widget(window, QPushButton, "stopButton").isEnabled()
     assert widget(window, QProgressBar, "progressBar").value() == step
     assert widget(window, QPushButton, "trainButton").text() == "Resume"  # the run stays: it can go on
+    # and the status bar says so (issue 27: "Run ended" though Resume was offered)
+    message = window.statusBar().message()
+    assert f"Stopped at step {step:,}: Resume trains on" in message and "ended" not in message
 
 
 def test_reset_clears_the_run(make_window, names_path, qtbot):
@@ -183,10 +186,10 @@ def test_close_mid_run_ends_the_thread_then_closes(make_window, names_path, qtbo
     wait_steps(qtbot, window)
     thread = window.session.thread
     assert thread.isRunning()
-    with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):  # the close completes once the worker ends
+    with qtbot.waitSignal(window.closed, timeout=TIMEOUT_MS):  # nothing to write: closed at once
         window.close()
-        assert not window.isVisible() and window.session is None  # hidden at once
-    assert thread.isFinished()
+        assert not window.isVisible() and window.session is None
+    qtbot.waitUntil(thread.isFinished, timeout=TIMEOUT_MS)  # the worker ended its run
 
 
 def test_invalid_config_blocks_train_with_the_reason(make_window, names_path, qtbot):
