@@ -97,9 +97,17 @@ def test_asha_stops_the_poor_trial_early_and_failures_do_not_end_the_sweep(asha_
     poor_last = run.of("trial_result", poor["trial"])[-1]
     assert good_last["step"] == good_last["num_steps"] == 12000
     assert 3000 <= poor_last["names_seen"] < 12000
-    # cut because its held-out loss at the rung was worse than the good trial's there
-    good_at = [e["heldout_loss"] for e in run.of("trial_result", good["trial"]) if e["names_seen"] >= 3000][0]
-    assert poor_last["heldout_loss"] > good_at
+    # cut at a rung (3000 names seen, times 2 from there) because its held-out loss
+    # there was worse than the good trial's there; ASHA compares the first result at
+    # or past the rung (the trial reports on until the stop reaches it)
+    rung = 3000
+    while rung * 2 <= poor_last["names_seen"]:
+        rung *= 2
+
+    def at_rung(trial):
+        return [e["heldout_loss"] for e in run.of("trial_result", trial) if e["names_seen"] >= rung][0]
+
+    assert at_rung(poor["trial"]) > at_rung(good["trial"])
     for lr in (0.01, 0.0003):
         failed = by_settings[(lr, 20)]
         assert failed["status"] == "failed"

@@ -179,9 +179,24 @@ def test_a_status_message_ends_at_a_word_and_is_elided_again_when_its_room_chang
     assert bar.message() == bar.toolTip() == text
     window.status_labels["loss"].setText("Loss 2.0")  # room again: the whole message
     qtbot.waitUntil(lambda: bar.currentMessage() == text, timeout=2000)
-    window.resize(700, 700)
-    qtbot.waitUntil(lambda: bar.currentMessage() != text, timeout=2000)
-    assert fits()
+
+    # The window narrowed: a message that fits the wide window's room but not the
+    # narrowest window's (the window's minimum width and the font decide both rooms).
+    wide_room = bar.message_room()
+    window.resize(window.minimumSizeHint().width(), 700)
+    qtbot.waitUntil(lambda: bar.message_room() < wide_room, timeout=2000)
+    narrow_room = bar.message_room()
+    window.resize(1400, 700)
+    qtbot.waitUntil(lambda: bar.message_room() == wide_room, timeout=2000)
+    longer = text
+    while bar.fontMetrics().horizontalAdvance(longer) <= narrow_room:
+        longer += " and again"
+    assert bar.fontMetrics().horizontalAdvance(longer) < wide_room
+    bar.showMessage(longer, 10_000)
+    assert bar.currentMessage() == longer
+    window.resize(window.minimumSizeHint().width(), 700)
+    qtbot.waitUntil(lambda: bar.currentMessage() != longer, timeout=2000)
+    assert fits() and bar.currentMessage().endswith("…") and bar.message() == longer
 
 
 def test_a_messages_status_line_goes_when_its_box_is_closed(make_window, names_path, qtbot):
