@@ -20,29 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's engine, the tests' cluster
 
-from sweep_support import Cluster, Run, ray_environment, write_spec  # noqa: E402
+from sweep_support import Cluster, Run, four_trial_sweep, ray_environment, write_spec  # noqa: E402
 
-SWEEP = """
-[sweep]
-name = "measure"
-search = "random"
-trials = 4
-seed = 1
-report_every_s = 0.5
-
-[resources]
-cpus_per_trial = 1
-
-[scheduler]
-kind = "none"
-
-[run]
-preset = "tiny"
-steps = 6000
-
-[space]
-learning_rate = { loguniform = [0.003, 0.02] }
-"""
+SWEEP = four_trial_sweep("measure", report_every_s=0.5)
 LONG = SWEEP.replace("steps = 6000", "steps = 400000").replace("trials = 4", "trials = 2")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from engine.sweep import launch
 
+ROOT = Path(__file__).resolve().parents[1]
 SWEEP_TIMEOUT_S = 300
 
 
@@ -38,11 +39,43 @@ def ray_environment(folder: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def four_trial_sweep(name: str, **sweep_keys) -> str:
+    """The sweep the cluster tests run: four random trials of tiny (6000 steps), one CPU
+    each, no early stopping; sweep_keys go into its [sweep] table."""
+    extra = "".join(f"{key} = {value!r}\n" for key, value in sweep_keys.items())
+    return f"""
+[sweep]
+name = "{name}"
+search = "random"
+trials = 4
+seed = 1
+{extra}
+[resources]
+cpus_per_trial = 1
+
+[scheduler]
+kind = "none"
+
+[run]
+preset = "tiny"
+steps = 6000
+
+[space]
+learning_rate = {{ loguniform = [0.003, 0.02] }}
+"""
+
+
 def write_spec(folder: Path, text: str, name: str = "sweep.toml") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def sweep_cli(env: dict[str, str], *args: str, timeout: float = SWEEP_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`microgpt-gui sweep ARGS` in a process of its own, with env."""
+    return subprocess.run([sys.executable, "main.py", "sweep", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 class Run:

@@ -9,45 +9,17 @@ process of the machine)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray", reason="sweeps need Ray: pip install -e '.[test]'")
 
-from sweep_support import Cluster, ray_environment, write_spec  # noqa: E402
+from sweep_support import Cluster, four_trial_sweep, ray_environment, sweep_cli, write_spec  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-
-CLUSTER_SWEEP = """
-[sweep]
-name = "cluster"
-search = "random"
-trials = 4
-seed = 1
-
-[resources]
-cpus_per_trial = 1
-
-[scheduler]
-kind = "none"
-
-[run]
-preset = "tiny"
-steps = 6000
-
-[space]
-learning_rate = { loguniform = [0.003, 0.02] }
-"""
-
-
-def sweep_cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "main.py", "sweep", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+CLUSTER_SWEEP = four_trial_sweep("cluster")
 
 
 def test_a_sweep_runs_on_a_two_node_cluster_by_address(tmp_path):

@@ -29,33 +29,12 @@ pytest.importorskip("aiohttp", reason="sweeps as Ray jobs need ray[default]: pip
 from engine.sweep.events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, read_events  # noqa: E402
 from engine.sweep.job import COMMANDS_FILE, JOB_FILE  # noqa: E402
 from engine.training.checkpoint import read_checkpoint  # noqa: E402
-from sweep_support import Cluster, Run, free_port, ray_environment, write_spec  # noqa: E402
+from sweep_support import (ROOT, Cluster, Run, four_trial_sweep, free_port, ray_environment,  # noqa: E402
+                           sweep_cli, write_spec)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-
-JOB_SWEEP = """
-[sweep]
-name = "job"
-search = "random"
-trials = 4
-seed = 1
-report_every_s = 0.2
-
-[resources]
-cpus_per_trial = 1
-
-[scheduler]
-kind = "none"
-
-[run]
-preset = "tiny"
-steps = 6000
-
-[space]
-learning_rate = { loguniform = [0.003, 0.02] }
-"""
+JOB_SWEEP = four_trial_sweep("job", report_every_s=0.2)
 
 STOP_SWEEP = """
 [sweep]
@@ -98,11 +77,6 @@ def job_status(cluster, job: str) -> str:
                          timeout=30)
     reply.raise_for_status()
     return reply.json()["status"]
-
-
-def sweep_cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "main.py", "sweep", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_a_sweep_runs_as_a_job_streaming_its_events_here(cluster, tmp_path):

@@ -17,7 +17,7 @@ import engine  # noqa: E402
 from engine.sweep import launch  # noqa: E402
 from engine.sweep.events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, read_events  # noqa: E402
 from engine.training.checkpoint import read_checkpoint  # noqa: E402
-from sweep_support import Run, ray_environment, write_spec  # noqa: E402
+from sweep_support import Run, free_port, ray_environment, write_spec  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -213,11 +213,7 @@ def test_stop_one_trial_then_all_and_resume_without_the_finished(ray_folder):
 
 
 def test_the_runner_refuses_a_cluster_it_cannot_reach(ray_folder, tmp_path):
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     run = Run(tmp_path / "s", ray_environment(ray_folder), write_spec(tmp_path, ASHA_SWEEP),
               address=f"127.0.0.1:{port}")
     assert run.finish(timeout=60) == 1
