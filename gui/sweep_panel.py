@@ -30,7 +30,7 @@ from engine.config import get_preset
 from engine.data.corpus import user_data_dir
 from engine.sweep import launch
 from engine.sweep.events import SPEC_FILE, SweepStatus, SweepTable, TrialRecord, TrialStatus
-from engine.sweep.runner import RAY_MISSING, SweepError, check_address
+from engine.sweep.connect import RAY_MISSING, SweepError, check_address
 from engine.sweep.spec import EXAMPLES, SweepSpec, SweepSpecError, examples, parse_spec, run_configs, space_size
 from engine.training.heldout import HeldoutPoint
 from engine.training.records import RunRecord

@@ -217,7 +217,7 @@ def test_events_read_back_from_a_file_cut_short(tmp_path):
 
 
 def test_cluster_addresses_are_host_and_port():
-    from engine.sweep.runner import SweepError, is_loopback, split_address
+    from engine.sweep.connect import SweepError, is_loopback, split_address
 
     assert split_address("127.0.0.1:6379") == ("127.0.0.1", 6379)
     assert split_address("head.example:10001") == ("head.example", 10001)
@@ -232,8 +232,7 @@ def test_cluster_addresses_are_host_and_port():
 
 
 def test_a_job_server_is_an_http_address_and_each_kind_is_checked():
-    from engine.sweep.job import is_job_address, server_url
-    from engine.sweep.runner import SweepError, check_address
+    from engine.sweep.connect import SweepError, check_address, is_job_address, server_url
 
     assert is_job_address("http://head:8265") and is_job_address("HTTPS://head") and not is_job_address("head:6379")
     assert server_url("http://head.example:8265/") == ("http://head.example:8265", "head.example", 8265)

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from ..sweep import launch
+from ..sweep.connect import RAY_MISSING, SweepError, check_address
 from ..sweep.events import SPEC_FILE, SweepTable, TrialRecord, TrialStatus
 from ..sweep.job import is_job_address, read_job_file
-from ..sweep.runner import EXIT_DONE, EXIT_STOPPED, EXIT_USAGE, RAY_MISSING, SweepError, check_address
+from ..sweep.runner import EXIT_DONE, EXIT_STOPPED, EXIT_USAGE
 from ..sweep.spec import SweepSpec, find_spec_file, read_spec, space_size
 from .args import EXIT_ERROR
 from .checks import check_output_file

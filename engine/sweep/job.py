@@ -31,15 +31,13 @@ import json
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from pathlib import Path
 
+from .connect import RAY_MISSING, SweepError, check_reachable, first_line, is_job_address, server_url
 from .events import SPEC_FILE, write_json_atomic
 
 JOB_FILE = "job.json"            # in the local folder: where the sweep runs as a job
@@ -48,7 +46,6 @@ COMMANDS_FILE = "commands.jsonl"  # in the folder on the cluster: stop commands 
 DATASET_FOLDER = "dataset"       # in the job's working_dir: the sweep's dataset, when it names one
 STOP_WAIT_S = 60                 # after Stop, the job's runner has this long to save Tune's state
 RECONNECT_S = 30.0               # a lost job server is tried again for this long
-CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.2                     # stop commands are carried out within this
 LOG_LINES = 40                   # the job's last lines that are no event, for a message when it fails
 JOB_CLIENT_MISSING = ("submitting a sweep as a Ray job needs Ray's job client (ray[default]): "
@@ -57,11 +54,6 @@ OLD_PACKAGE_HINT = ("the cluster's microgpt-gui is older than this one (its swee
                     "job): install this version on every node")
 NO_PACKAGE_HINT = ("microgpt-gui is not installed on the cluster's head: every node needs "
                    "pip install 'microgpt-gui[sweep]' (the Python that runs `ray start`)")
-
-
-def is_job_address(address: str | None) -> bool:
-    """A job server's address (http:// or https://), as opposed to a GCS's HOST:PORT."""
-    return bool(address) and address.strip().lower().startswith(("http://", "https://"))
 
 
 def read_job_file(folder: Path) -> dict | None:
@@ -93,26 +85,8 @@ def stop_trial_entrypoint(cluster_dir: str, trial: str) -> str:
 
 # ---- the job server ---------------------------------------------------------------------
 
-def server_url(address: str) -> tuple[str, str, int]:
-    """(the URL, its host, its port) of a job server address."""
-    from .runner import SweepError
-
-    url = address.strip().rstrip("/")
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
-    except ValueError:
-        parts, port = None, 0
-    if parts is None or not parts.hostname or parts.path not in ("", "/"):
-        raise SweepError(f"--address {address!r} is no job server address: give http://HEAD:8265 (the head's "
-                         "dashboard port, 8265 unless `ray start --head --dashboard-port` chose another)")
-    return url, parts.hostname, port
-
-
 def job_server_error(url: str, exc: BaseException) -> str:
     """One line for what the job server (or the way to it) said."""
-    from .runner import first_line
-
     text = str(exc)
     if type(exc).__name__ == "AuthenticationError" or "Authentication" in text:
         asked = "asks for a token" if "Authentication required" in text else "refused this sweep's token"
@@ -128,17 +102,9 @@ class JobClient:
     """Ray's JobSubmissionClient for one job server, with its errors as SweepError."""
 
     def __init__(self, address: str):
-        from .runner import RAY_MISSING, SweepError
-
         self.url, host, port = server_url(address)
-        try:
-            with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
-                pass
-        except OSError as exc:
-            reason = "nothing listens there" if isinstance(exc, ConnectionRefusedError) else (exc.strerror or str(exc))
-            raise SweepError(f"cannot reach the Ray job server at {self.url}: {reason}. Start the cluster's head "
-                             "with its job server (`ray start --head --dashboard-host 0.0.0.0`; it listens on "
-                             "port 8265), or check the address") from None
+        check_reachable(host, port, f"the Ray job server at {self.url}", "Start the cluster's head with its job "
+                        "server (`ray start --head --dashboard-host 0.0.0.0`; it listens on port 8265)")
         if importlib.util.find_spec("ray") is None:
             raise SweepError(RAY_MISSING)
         if importlib.util.find_spec("aiohttp") is None:
@@ -151,8 +117,6 @@ class JobClient:
             raise SweepError(job_server_error(self.url, exc)) from None
 
     def call(self, method: str, *args, **kwargs):
-        from .runner import SweepError
-
         try:
             return getattr(self.client, method)(*args, **kwargs)
         except Exception as exc:
@@ -165,20 +129,14 @@ class JobClient:
 
 # ---- submitting and following -----------------------------------------------------------
 
-def submit_and_follow(args, folder: Path, sink, started: float) -> int:
+def submit_and_follow(args, folder: Path, sink) -> int:
     """The sweep as a Ray job: submit it, relay its events until it ends; the exit status
     a local runner would have."""
     from . import runner
-    from .runner import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE, SweepError
+    from .runner import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE
     from .spec import SweepSpecError, read_spec
 
-    def end(status: str, code: int, message: str = "") -> int:
-        if message:
-            sink.error(message)
-        sink.emit({"event": "sweep_ended", "status": status, "message": message,
-                   "seconds": time.monotonic() - started})
-        return code
-
+    end = sink.end
     job = read_job_file(folder) if args.resume else None
     if args.resume and (folder / JOB_FILE).exists() and job is None:
         return end("failed", EXIT_USAGE, f"{folder / JOB_FILE} cannot be read: it says where the sweep ran")
@@ -207,11 +165,7 @@ def submit_and_follow(args, folder: Path, sink, started: float) -> int:
             return end("failed", EXIT_USAGE, f"the dataset: {exc}")
     sink.run_fields = dict(spec.run)
 
-    signal.signal(signal.SIGTERM, lambda *_: runner.COMMANDS.request_stop())
-    if hasattr(signal, "SIGUSR1"):  # request_stop's signal to Tune: there is no Tune here
-        signal.signal(signal.SIGUSR1, lambda *_: None)
-    if args.commands:
-        threading.Thread(target=runner.COMMANDS.read, args=(sys.stdin,), name="commands", daemon=True).start()
+    runner.COMMANDS.listen(stdin=args.commands)  # no Tune here: a stop is carried out by JobRelay
     try:
         client = JobClient(address)
     except SweepError as exc:
@@ -281,8 +235,6 @@ class JobRelay:
 
     # the log -------------------------------------------------------------------
     def _follow(self) -> None:
-        from .runner import first_line
-
         handled = 0       # complete lines of the log handled: a new stream starts at its beginning
         lost_since = None
         while True:
@@ -360,7 +312,7 @@ class JobRelay:
 
     # stop commands ----------------------------------------------------------------
     def _carry_out_commands(self) -> None:
-        from .runner import COMMANDS, SweepError
+        from .runner import COMMANDS
 
         stopped_job = False
         sent: set[str] = set()

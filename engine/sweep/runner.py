@@ -36,33 +36,22 @@ Exit status: 0 done, 1 failed (the message is the last "error" event),
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import ipaddress
 import json
 import os
 import signal
-import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 
+from .connect import RAY_MISSING, SweepError, connect, first_line
 from .events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, SweepTable, to_line, write_json_atomic
 from .spec import Search, SweepSpec, SweepSpecError, read_spec, space_size
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 TUNE_FOLDER = "tune"
-CONNECT_TIMEOUT_S = 5.0
-RAY_MISSING = ("Ray is not installed: sweeps run on Ray Tune; install it with "
-               "pip install 'microgpt-gui[sweep]' (or pip install 'ray[tune]' optuna)")
-
-
-class SweepError(RuntimeError):
-    """The sweep cannot start or go on; the message says why."""
-
 
 # ---- events out ------------------------------------------------------------------------
 
@@ -120,6 +109,14 @@ class EventSink:
 
     def error(self, message: str) -> None:
         self.emit({"event": "error", "message": message})
+
+    def end(self, status: str, code: int, message: str = "") -> int:
+        """The sweep ends: its message as an error event, then sweep_ended; code, the exit status."""
+        if message:
+            self.error(message)
+        self.emit({"event": "sweep_ended", "status": status, "message": message,
+                   "seconds": time.monotonic() - self.started})
+        return code
 
     def close(self) -> None:
         self._file.close()
@@ -185,6 +182,14 @@ class Commands:
         elif isinstance(target, str):
             self.stop_trials.add(target)
 
+    def listen(self, stdin: bool) -> None:
+        """SIGTERM stops the sweep; with stdin, commands are read there as well."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        if hasattr(signal, "SIGUSR1"):  # request_stop's signal to Tune: before Tune runs, stop_all says it all
+            signal.signal(signal.SIGUSR1, lambda *_: None)
+        if stdin:
+            threading.Thread(target=self.read, args=(sys.stdin,), name="commands", daemon=True).start()
+
     def read(self, lines) -> None:
         for line in lines:
             self.handle(line)
@@ -207,119 +212,6 @@ class Commands:
 
 
 COMMANDS = Commands()
-
-
-# ---- Ray -------------------------------------------------------------------------------
-
-ADDRESS_KINDS = ("http://HEAD:8265 (the head's job server: the sweep runs on the cluster as a Ray job), "
-                 "HOST:PORT (the head's GCS, 6379 unless `ray start --head --port` chose another: the sweep's "
-                 "driver runs here and joins the cluster), 'auto' on a node of the cluster, or 'local'")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """A GCS address's host and port (job server addresses, http://, go to engine.sweep.job)."""
-    if "://" in address:
-        raise SweepError(f"--address {address!r}: Ray Client (ray://) addresses are not used; give "
-                         + ADDRESS_KINDS)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SweepError(f"--address {address!r} is no Ray address: give {ADDRESS_KINDS}")
-    return host.strip("[]"), int(port)
-
-
-def check_address(address: str | None) -> None:
-    """SweepError unless address is one a sweep can go to (not whether anything listens there)."""
-    if address in (None, "", "local", "auto"):
-        return
-    from .job import is_job_address, server_url
-
-    if is_job_address(address):
-        server_url(address)
-    else:
-        split_address(address)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_reachable(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as exc:
-        reason = "nothing listens there" if isinstance(exc, ConnectionRefusedError) else (exc.strerror or str(exc))
-        raise SweepError(f"cannot reach the Ray cluster at {host}:{port}: {reason}. Start its head with "
-                         f"`ray start --head --port {port}`, or check the address") from None
-
-
-def connect(address: str | None, cpus: int | None, in_job: bool = False) -> str:
-    """ray.init: an embedded local Ray, a cluster by address, or (in_job) the cluster this
-    Ray job runs on; the address used."""
-    import ray
-
-    if in_job:  # the job's supervisor gives its driver the cluster's GCS address
-        address = os.environ.get("RAY_ADDRESS") or "auto"
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
-        except ConnectionError as exc:
-            raise SweepError(f"the sweep's job cannot join its cluster at {address}: {first_line(exc)}") from None
-        return address
-    if address in (None, "", "local"):
-        # every address on loopback: nothing of a local sweep listens on the network
-        ray.init(address="local", num_cpus=cpus or os.cpu_count() or 1, include_dashboard=False,
-                 log_to_driver=False, logging_level="WARNING", _node_ip_address="127.0.0.1")
-        return "local"
-    kwargs = {}
-    if address != "auto":
-        host, port = split_address(address)
-        check_reachable(host, port)
-        if is_loopback(host):  # else Ray picks this machine's network address, which a loopback cluster refuses
-            kwargs["_node_ip_address"] = "127.0.0.1"
-    try:
-        with stderr_kept() as logged:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING", **kwargs)
-    except Exception as exc:
-        text = f"{exc}\n{''.join(logged)}"  # a refused token shows only in Ray's log lines
-        if type(exc).__name__ == "AuthenticationError" or "InvalidAuthToken" in text or "Unauthenticated" in text:
-            raise SweepError(f"the Ray cluster at {address} refused this sweep's token: give the app the "
-                             "cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
-                             "`ray get-auth-token` on the head prints it) and RAY_AUTH_MODE=token") from None
-        if isinstance(exc, ConnectionError):
-            raise SweepError(f"cannot connect to the Ray cluster at {address}: {first_line(exc)}") from None
-        raise
-    return address
-
-
-@contextlib.contextmanager
-def stderr_kept():
-    """What this process writes to stderr (file descriptor 2: Ray's C++ too) inside the
-    block, kept in the list it yields as well as written to stderr."""
-    kept: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            yield kept
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            log.seek(0)
-            kept.append(log.read())
-            sys.stderr.write(kept[-1])
-            sys.stderr.flush()
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def make_tuner(spec: SweepSpec, folder: Path, base, resume: bool):
@@ -415,25 +307,18 @@ def main(argv=None) -> int:
         stream.write(to_line({"event": "sweep_ended", "status": "failed", "seconds": 0}))
         return EXIT_USAGE
     SINK = sink = EventSink(stream, folder)
-    started = time.monotonic()
     try:
         from .job import runs_as_job, submit_and_follow
 
         if not args.job and runs_as_job(args.address, folder, args.resume):
-            return submit_and_follow(args, folder, sink, started)
-        return run(args, folder, sink, started)
+            return submit_and_follow(args, folder, sink)
+        return run(args, folder, sink)
     finally:
         sink.close()
 
 
-def run(args, folder: Path, sink: EventSink, started: float) -> int:
-    def end(status: str, code: int, message: str = "") -> int:
-        if message:
-            sink.error(message)
-        sink.emit({"event": "sweep_ended", "status": status, "message": message,
-                   "seconds": time.monotonic() - started})
-        return code
-
+def run(args, folder: Path, sink: EventSink) -> int:
+    end = sink.end
     spec_path = folder / SPEC_FILE if args.resume else args.spec
     try:
         spec = read_spec(spec_path)
@@ -464,11 +349,7 @@ def run(args, folder: Path, sink: EventSink, started: float) -> int:
     except ImportError:
         return end("failed", EXIT_FAILED, RAY_MISSING)
 
-    signal.signal(signal.SIGTERM, lambda *_: COMMANDS.request_stop())
-    if hasattr(signal, "SIGUSR1"):  # a stop before Tune runs: noted (COMMANDS.stop_all), nothing else
-        signal.signal(signal.SIGUSR1, lambda *_: None)
-    if args.commands:
-        threading.Thread(target=COMMANDS.read, args=(sys.stdin,), name="commands", daemon=True).start()
+    COMMANDS.listen(stdin=args.commands)
     if args.job:
         from .job import COMMANDS_FILE
 
