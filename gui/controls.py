@@ -1,13 +1,13 @@
 """Small pieces the panels share: a label that gives a control its keyboard
-mnemonic, a named plot widget with room for its edge tick labels, the seed
-box's step after a sample, and a status bar whose messages stop short of
+mnemonic, a named plot widget with room for its edge tick labels, a pane of
+widgets stacked without margins, the seed box's step after a sample, and a status bar whose messages stop short of
 its permanent fields."""
 from __future__ import annotations
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QLabel, QSpinBox, QStatusBar, QWidget
+from PySide6.QtWidgets import QLabel, QLayout, QSpinBox, QStatusBar, QVBoxLayout, QWidget
 
 STATUS_GAP_PX = 16  # between a message's end and the first permanent field
 
@@ -29,6 +29,21 @@ def plot_widget(name: str, tooltip: str) -> pg.PlotWidget:
     plot.getPlotItem().layout.setContentsMargins(2, 10, 14, 2)
     plot.setToolTip(tooltip)
     return plot
+
+
+def column(*items) -> QWidget:
+    """A widget of items stacked top to bottom, without margins of its own (a pane of a
+    splitter): each item a widget, a layout, or (widget or layout, stretch)."""
+    box = QWidget()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(0, 0, 0, 0)
+    for item in items:
+        part, stretch = item if isinstance(item, tuple) else (item, 0)
+        if isinstance(part, QLayout):
+            layout.addLayout(part, stretch)
+        else:
+            layout.addWidget(part, stretch)
+    return box
 
 
 def take_seed(spin: QSpinBox) -> int:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 
 from engine.training.records import RunRecord
 
-from .controls import buddy, plot_widget
+from .controls import buddy, column, plot_widget
 from .loss_series import GrowingSeries, Resmoother, ema_last
 from .plot_axes import AXES, NAMES, SECONDS, STEP, axis_label
 from .run_table import COLUMNS, HEADERS, TABLE_ROWS, legend_labels, row_texts, swatch, table_height
@@ -107,15 +107,9 @@ class RunListPanel(QWidget):
         controls.addWidget(self.x_axis_combo)
         controls.addStretch(1)
         controls.addWidget(self.remove_button)
-        bottom = QWidget()
-        bottom_layout = QVBoxLayout(bottom)
-        bottom_layout.setContentsMargins(0, 0, 0, 0)
-        bottom_layout.addLayout(controls)
-        bottom_layout.addWidget(self.plot, 1)
-        bottom_layout.addWidget(self.info)
         splitter = QSplitter(Qt.Vertical)
         splitter.addWidget(self.table)
-        splitter.addWidget(bottom)
+        splitter.addWidget(column(controls, (self.plot, 1), self.info))
         splitter.setStretchFactor(0, 1)
         splitter.setStretchFactor(1, 3)
         layout = QVBoxLayout(self)

@@ -35,7 +35,7 @@ from engine.sweep.spec import EXAMPLES, SweepSpec, SweepSpecError, examples, par
 from engine.training.heldout import HeldoutPoint
 from engine.training.records import RunRecord
 
-from .controls import buddy, plot_widget
+from .controls import buddy, column, plot_widget
 from .loss_series import ema
 from .sweep_runner import SweepRunner
 
@@ -133,15 +133,7 @@ class SweepPanel(QWidget):
         buttons = QHBoxLayout()
         for button in (self.start_button, self.stop_button, self.resume_button):
             buttons.addWidget(button)
-        left = QWidget()
-        left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(0, 0, 0, 0)
-        left_layout.addLayout(files)
-        left_layout.addWidget(self.editor, 1)
-        left_layout.addWidget(self.problem_label)
-        left_layout.addLayout(where)
-        left_layout.addLayout(buttons)
-        left_layout.addWidget(self.status_label)
+        left = column(files, (self.editor, 1), self.problem_label, where, buttons, self.status_label)
 
         self.trial_table = QTableWidget(0, len(FIXED_COLUMNS), objectName="sweepTable")
         self.trial_table.setHorizontalHeaderLabels(FIXED_COLUMNS)
@@ -189,18 +181,8 @@ class SweepPanel(QWidget):
         scatter_controls.addStretch(1)
         plots = QSplitter(Qt.Horizontal)
         plots.addWidget(self.curve_plot)
-        scatter_box = QWidget()
-        scatter_layout = QVBoxLayout(scatter_box)
-        scatter_layout.setContentsMargins(0, 0, 0, 0)
-        scatter_layout.addLayout(scatter_controls)
-        scatter_layout.addWidget(self.scatter_plot, 1)
-        plots.addWidget(scatter_box)
-        right = QWidget()
-        right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(0, 0, 0, 0)
-        right_layout.addWidget(self.trial_table, 2)
-        right_layout.addLayout(trial_buttons)
-        right_layout.addWidget(plots, 3)
+        plots.addWidget(column(scatter_controls, (self.scatter_plot, 1)))
+        right = column((self.trial_table, 2), trial_buttons, (plots, 3))
 
         splitter = QSplitter(Qt.Horizontal)
         splitter.addWidget(left)
@@ -262,12 +244,7 @@ class SweepPanel(QWidget):
     # starting and stopping ---------------------------------------------------------------
     def start(self, folder: Path | None = None) -> bool:
         spec = self.check_spec()
-        if spec is None or self.runner.running:
-            return False
-        if not launch.ray_installed():
-            self.messageShown.emit("error", "Ray is not installed", RAY_MISSING)
-            return False
-        if not self._address_usable():
+        if spec is None or self.runner.running or not self._can_run():
             return False
         folder = Path(folder) if folder is not None else launch.default_sweep_dir(spec.name)
         try:
@@ -276,9 +253,7 @@ class SweepPanel(QWidget):
         except OSError as exc:
             self.messageShown.emit("error", "Cannot start the sweep", f"{folder}: {exc.strerror or exc}")
             return False
-        self._begin(spec, folder)
-        self.runner.start(folder, folder / SPEC_FILE, self.address_edit.text().strip())
-        self._update_buttons()
+        self._run(spec, folder, resume=False)
         return True
 
     def resume(self, folder: str | None = None) -> bool:
@@ -295,24 +270,29 @@ class SweepPanel(QWidget):
         except (OSError, SweepSpecError) as exc:
             self.messageShown.emit("error", "Cannot resume", f"{folder} holds no sweep that can run: {exc}")
             return False
+        if not self._can_run():
+            return False
+        self.set_text(spec.source)
+        self._run(spec, folder, resume=True)
+        return True
+
+    def _can_run(self) -> bool:
+        """Ray is installed and the address is one a sweep can go to; else a message says why."""
         if not launch.ray_installed():
             self.messageShown.emit("error", "Ray is not installed", RAY_MISSING)
             return False
-        if not self._address_usable():
-            return False
-        self.set_text(spec.source)
-        self._begin(spec, folder)
-        self.runner.start(folder, None, self.address_edit.text().strip(), resume=True)
-        self._update_buttons()
-        return True
-
-    def _address_usable(self) -> bool:
         try:
             check_address(self.address_edit.text().strip())
         except SweepError as exc:
             self.messageShown.emit("error", "Cannot start the sweep", str(exc))
             return False
         return True
+
+    def _run(self, spec: SweepSpec, folder: Path, resume: bool) -> None:
+        self._begin(spec, folder)
+        self.runner.start(folder, None if resume else folder / SPEC_FILE, self.address_edit.text().strip(),
+                          resume=resume)
+        self._update_buttons()
 
     def stop(self) -> None:
         self.runner.stop()
