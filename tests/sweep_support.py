@@ -23,6 +23,9 @@ from engine.sweep import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_TIMEOUT_S = 300
+# Python code that hides Ray from the process it runs in, as if it were not installed:
+# `import ray` raises ModuleNotFoundError and importlib.util.find_spec("ray") is None
+HIDE_RAY = "import sys; sys.modules['ray'] = None"
 
 
 def ray_environment(folder: Path, **extra: str) -> dict[str, str]:
@@ -78,12 +81,22 @@ def sweep_cli(env: dict[str, str], *args: str, timeout: float = SWEEP_TIMEOUT_S)
                           text=True, timeout=timeout)
 
 
+def without_ray(command: list[str]) -> list[str]:
+    """A `python -m MODULE ARGS` command run with Ray hidden (HIDE_RAY)."""
+    python, flag, module, *args = command
+    assert flag == "-m", command
+    return [python, "-c", f"{HIDE_RAY}; import runpy; runpy.run_module({module!r}, run_name='__main__', "
+                          "alter_sys=True)", *args]
+
+
 class Run:
-    """A runner started with launch.runner_command, its events as they come."""
+    """A runner started with launch.runner_command (hide_ray: as where Ray is not
+    installed), its events as they come."""
 
     def __init__(self, folder: Path, env: dict[str, str], spec: Path | None = None, resume: bool = False,
-                 address: str | None = None):
-        self.process = launch.SweepProcess(launch.runner_command(folder, spec, address, resume=resume), env=env)
+                 address: str | None = None, hide_ray: bool = False):
+        command = launch.runner_command(folder, spec, address, resume=resume)
+        self.process = launch.SweepProcess(without_ray(command) if hide_ray else command, env=env)
         self.events: list[dict] = []
         self.code: int | None = None
 

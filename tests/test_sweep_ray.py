@@ -1,11 +1,12 @@
 """Sweeps on a real local Ray (two CPUs, tiny models): the runner's events in
-order, ASHA's early stops marked as such, failed trials that do not end the
-sweep, results kept on disk, a stopped sweep resumed without its finished
+order, ASHA's early stops marked as such, failed and diverged trials that do
+not end the sweep, results kept on disk, a stopped sweep resumed without its finished
 trials, and no process left behind."""
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 
 pytest.importorskip("ray", reason="sweeps need Ray: pip install -e '.[test]'")
 
+import diverging_backend  # noqa: E402
 import engine  # noqa: E402
 from engine.sweep import launch  # noqa: E402
 from engine.sweep.events import EVENTS_FILE, RESULTS_FILE, SPEC_FILE, read_events  # noqa: E402
@@ -222,3 +224,43 @@ def test_the_runner_refuses_a_cluster_it_cannot_reach(ray_folder, tmp_path):
     assert run.events[-1]["event"] == "sweep_ended" and run.events[-1]["status"] == "failed"
     assert not math.isnan(run.events[-1]["seconds"]) and np.isfinite(run.events[-1]["seconds"])
     assert not (Path(tmp_path / "s") / "tune").exists()
+
+
+DIVERGE_SWEEP = """
+[sweep]
+name = "diverge"
+search = "grid"
+report_every_s = 0.1
+
+[resources]
+cpus = 2
+
+[scheduler]
+kind = "none"
+
+[run]
+preset = "tiny"
+steps = 3000
+
+[space]
+backend = { grid = ["diverging", "numpy"] }
+"""
+
+
+def test_a_diverging_trial_is_one_message_and_the_sweep_goes_on(tmp_path):
+    site = tmp_path / "site"  # the runner and Ray's workers know the diverging backend
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(diverging_backend.SITECUSTOMIZE)
+    env = ray_environment(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    run = Run(tmp_path / "s", env, write_spec(tmp_path, DIVERGE_SWEEP))
+    assert run.finish() == 0, run.process.stderr_tail
+    assert run.events[-1]["event"] == "sweep_ended" and run.events[-1]["status"] == "done"
+    ended = {settings_of(run, e["trial"])["backend"]: e for e in run.of("trial_ended")}
+    diverged = ended[diverging_backend.NAME]
+    assert diverged["status"] == "diverged"
+    assert diverged["message"] == "the loss became NaN or inf: lower the learning rate"
+    assert run.of("trial_result", diverged["trial"])[-1]["step"] == diverging_backend.DIVERGES_AT
+    assert ended["numpy"]["status"] == "done" and ended["numpy"]["message"] == ""
+    assert not run.of("error")
+    assert launch.session_processes(run.process.process.pid) == []

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import diverging_backend
 import engine
 from engine.sweep.spec import run_configs
 from engine.sweep.trial import CHECKPOINT_FILE, Reporter, TrialBase, TrialFailed, _open_spec
@@ -133,22 +134,8 @@ def test_a_resumed_trial_goes_on_from_its_checkpoint(names_corpus, direct, tmp_p
 
 def test_a_diverging_trial_reports_the_worst_loss_and_ends(names_corpus, tmp_path, monkeypatch):
     from engine.backends import _REGISTRY
-    from engine.backends.numpy_backend import NumpyBackend
 
-    class DivergingBackend(NumpyBackend):
-        """The NumPy backend whose loss turns NaN from step 1,500."""
-
-        name = "diverging"
-
-        def _train_steps(self, k):
-            losses = super()._train_steps(k)
-            if self._step + len(losses) < 1500:
-                return losses
-            cut = max(0, 1500 - self._step)
-            return np.append(losses[:cut], np.float32(np.nan)).astype(np.float32)
-
-    monkeypatch.setitem(_REGISTRY, "diverging", (lambda: (True, "test backend"),
-                                                  lambda m, t, c, p: DivergingBackend(m, t, c, p)))
+    monkeypatch.setitem(_REGISTRY, diverging_backend.NAME, (diverging_backend.probe, diverging_backend.opener))
     reporter, reports = run_reporter(trial_base(names_corpus), tmp_path, backend="diverging")
     last = reports.metrics[-1]
     assert last["diverged"] and not last["finished"] and last["heldout_loss"] == float("inf")

@@ -4,6 +4,7 @@ table, the plots and the Runs tab, a trial's checkpoint loaded and sampled in
 the window, Stop, and a closed window leaving no process behind."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QPushButton
 
 from engine.sweep import launch
+from engine.sweep.connect import RAY_MISSING
 from engine.sweep.events import SweepStatus, TrialStatus
 from gui.sweep_panel import STATUS_COLORS, SweepPanel
 
@@ -60,6 +62,22 @@ def test_the_sweep_file_is_checked_as_it_is_typed(qtbot):
     assert panel.problem_label.text().startswith("2 trials of learning_rate: grid search")
     panel.load_example("ten_minutes")
     assert "tpe search" in panel.problem_label.text() and "at most 600 s" in panel.problem_label.text()
+
+
+def test_ray_missing_is_one_message_and_nothing_starts(qtbot, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed: find_spec("ray") is None
+    panel = SweepPanel()
+    qtbot.addWidget(panel)
+    messages = []
+    panel.messageShown.connect(lambda *message: messages.append(message))
+    assert not panel.start(tmp_path / "new")
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "sweep.toml").write_text(GOOD)
+    assert not panel.resume(str(stopped))
+    assert messages == [("error", "Ray is not installed", RAY_MISSING)] * 2
+    assert not panel.runner.running and not (tmp_path / "new").exists()
+    assert sorted(p.name for p in stopped.iterdir()) == ["sweep.toml"]
 
 
 @pytest.mark.ray
