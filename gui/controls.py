@@ -31,10 +31,10 @@ def plot_widget(name: str, tooltip: str) -> pg.PlotWidget:
     return plot
 
 
-def column(*items) -> QWidget:
-    """A widget of items stacked top to bottom, without margins of its own (a pane of a
-    splitter): each item a widget, a layout, or (widget or layout, stretch)."""
-    box = QWidget()
+def column(*items, box: QWidget | None = None) -> QWidget:
+    """A widget (box, or a new one) of items stacked top to bottom, without margins of its
+    own (a pane of a splitter): each item a widget, a layout, or (widget or layout, stretch)."""
+    box = QWidget() if box is None else box
     layout = QVBoxLayout(box)
     layout.setContentsMargins(0, 0, 0, 0)
     for item in items:

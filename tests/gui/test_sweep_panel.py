@@ -14,7 +14,8 @@ from PySide6.QtWidgets import QPushButton
 from engine.sweep import launch
 from engine.sweep.connect import RAY_MISSING
 from engine.sweep.events import SweepStatus, TrialStatus
-from gui.sweep_panel import STATUS_COLORS, SweepPanel
+from gui.sweep_panel import SweepPanel
+from gui.sweep_trials import STATUS_COLORS
 
 SWEEP_MS = 300_000
 
@@ -95,23 +96,23 @@ def test_a_sweep_in_the_window_and_a_trial_loaded_and_sampled(make_window, names
     qtbot.waitUntil(lambda: panel.table.status == SweepStatus.DONE and not panel.runner.running, timeout=SWEEP_MS)
 
     trials = panel.table.trials
-    assert panel.trial_table.rowCount() == len(trials) == 2
+    assert panel.trials.trial_table.rowCount() == len(trials) == 2
     by_lr = {t.settings["learning_rate"]: t for t in trials.values()}
     good, poor = by_lr[0.01], by_lr[0.0003]
     assert good.status == TrialStatus.DONE and poor.status == TrialStatus.STOPPED_EARLY
     assert poor.step < 8000 == good.step
     # the table's cells, sortable by number
-    rows = {panel.trial_table.item(r, 0).text(): r for r in range(panel.trial_table.rowCount())}
-    assert panel.trial_table.item(rows[good.trial], 1).text() == "done"
-    assert panel.trial_table.item(rows[good.trial], 2).text() == f"{good.best_heldout:.4f}"
-    panel.trial_table.sortItems(2, Qt.AscendingOrder)
-    assert panel.trial_table.item(0, 0).text() == good.trial  # the best held-out loss first
+    rows = {panel.trials.trial_table.item(r, 0).text(): r for r in range(panel.trials.trial_table.rowCount())}
+    assert panel.trials.trial_table.item(rows[good.trial], 1).text() == "done"
+    assert panel.trials.trial_table.item(rows[good.trial], 2).text() == f"{good.best_heldout:.4f}"
+    panel.trials.trial_table.sortItems(2, Qt.AscendingOrder)
+    assert panel.trials.trial_table.item(0, 0).text() == good.trial  # the best held-out loss first
     # the curves coloured by status, the scatter of the setting
-    panel._redraw_all()
-    colors = panel.curve_colors()
+    panel.trials.redraw_all()
+    colors = panel.trials.curve_colors()
     assert colors[good.trial] == STATUS_COLORS[TrialStatus.DONE]
     assert colors[poor.trial] == STATUS_COLORS[TrialStatus.STOPPED_EARLY]
-    assert sorted(y for _, y in panel.scatter_points()) == sorted([good.best_heldout, poor.best_heldout])
+    assert sorted(y for _, y in panel.trials.scatter_points()) == sorted([good.best_heldout, poor.best_heldout])
     # each trial a run of the Runs tab, with its steps
     runs = {r.name: r for r in window.explore.run_list.runs}
     assert runs[f"trial {good.trial}"].steps == 8000 and runs[f"trial {good.trial}"].status == "finished"
@@ -120,9 +121,9 @@ def test_a_sweep_in_the_window_and_a_trial_loaded_and_sampled(make_window, names
     assert "Sweep done on 2 CPUs, 1 node (local): 1 done, 1 stopped early" in panel.status_label.text()
 
     # Load trial: the window opens its checkpoint, which samples
-    panel.select_trial(good.trial)
-    assert panel.load_button.isEnabled()
-    qtbot.mouseClick(panel.load_button, Qt.LeftButton)
+    panel.trials.select_trial(good.trial)
+    assert panel.trials.load_button.isEnabled()
+    qtbot.mouseClick(panel.trials.load_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: window.state in ("ready", "done") and window.session.worker.step > 0, timeout=60_000)
     assert window.session.worker.step == 8000 and window.run.train.learning_rate == 0.01
     sample_button = window.findChild(QPushButton, "sampleButton")
@@ -144,9 +145,9 @@ def test_stop_a_trial_and_close_the_window_leave_no_process(make_window, names_p
     assert panel.start(tmp_path / "long")
     qtbot.waitUntil(lambda: any(t.step for t in panel.table.trials.values()), timeout=SWEEP_MS)
     trial = next(t for t in panel.table.trials.values() if t.step)
-    panel.select_trial(trial.trial)
-    assert panel.stop_trial_button.isEnabled()
-    qtbot.mouseClick(panel.stop_trial_button, Qt.LeftButton)
+    panel.trials.select_trial(trial.trial)
+    assert panel.trials.stop_trial_button.isEnabled()
+    qtbot.mouseClick(panel.trials.stop_trial_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: trial.status == TrialStatus.STOPPED, timeout=60_000)
     others = [t for t in panel.table.trials.values() if t is not trial]
     assert others and all(t.status == TrialStatus.RUNNING for t in others)  # the sweep goes on
@@ -185,7 +186,7 @@ def test_a_sweep_run_as_a_ray_job_shows_in_the_window_as_a_local_one(make_window
         qtbot.waitUntil(lambda: panel.table.status == SweepStatus.DONE and not panel.runner.running,
                         timeout=SWEEP_MS)
         trials = panel.table.trials
-        assert panel.trial_table.rowCount() == len(trials) == 2
+        assert panel.trials.trial_table.rowCount() == len(trials) == 2
         by_lr = {t.settings["learning_rate"]: t for t in trials.values()}
         good, poor = by_lr[0.01], by_lr[0.0003]
         assert good.status == TrialStatus.DONE and poor.status == TrialStatus.STOPPED_EARLY
@@ -194,8 +195,8 @@ def test_a_sweep_run_as_a_ray_job_shows_in_the_window_as_a_local_one(make_window
         assert runs[f"trial {good.trial}"].steps == 8000 and runs[f"trial {poor.trial}"].status == "stopped early"
         assert (tmp_path / "job" / "results.json").is_file() and (tmp_path / "job" / "job.json").is_file()
 
-        panel.select_trial(good.trial)
-        qtbot.mouseClick(panel.load_button, Qt.LeftButton)
+        panel.trials.select_trial(good.trial)
+        qtbot.mouseClick(panel.trials.load_button, Qt.LeftButton)
         qtbot.waitUntil(lambda: window.state in ("ready", "done") and window.session.worker.step > 0,
                         timeout=60_000)
         assert window.session.worker.step == 8000 and window.run.train.learning_rate == 0.01
