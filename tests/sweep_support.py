@@ -5,8 +5,11 @@ collected until it ends, and a real two-node Ray cluster on this machine.
 
 A test's cluster is ended by its own processes (found by a marker in their
 environment, which every process the cluster starts inherits: its daemons,
-workers and jobs' drivers), never by `ray stop`, which ends every Ray process
-of the machine, another test's or another user's session's included."""
+workers and jobs' drivers; and by the sessions of its `ray start` commands,
+where its daemons stay: a daemon that renames itself, as Ray's agents do,
+may write over the environment the marker is read from), never by `ray
+stop`, which ends every Ray process of the machine, another test's or
+another user's session's included."""
 from __future__ import annotations
 
 import os
@@ -188,6 +191,7 @@ class Cluster:
         self.env = {**env, CLUSTER_MARKER: self.marker}
         self.port, self.dashboard_port = free_port(), free_port()
         self.job_server = job_server
+        self.sessions: list[int] = []  # its `ray start` commands' sessions
 
     @property
     def address(self) -> str:
@@ -202,17 +206,23 @@ class Cluster:
         ports = lambda *names: [arg for name in names for arg in (f"--{name}", str(free_port()))]  # noqa: E731
         dashboard = (["--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port",
                       str(self.dashboard_port)] if self.job_server else ["--include-dashboard=false"])
-        ray_start(self.env, "--head", "--port", str(self.port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                  "--disable-usage-stats", *dashboard,
-                  *ports("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                         "metrics-export-port", "runtime-env-agent-port"))
-        ray_start(self.env, "--address", self.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                  *ports("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
-                         "runtime-env-agent-port"))
+        head = ["--head", "--port", str(self.port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                "--disable-usage-stats", *dashboard,
+                *ports("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                       "metrics-export-port", "runtime-env-agent-port")]
+        self.sessions.append(ray_start(self.env, *head))
+        node = ["--address", self.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                *ports("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+                       "runtime-env-agent-port")]  # ports free once the head has taken its own
+        self.sessions.append(ray_start(self.env, *node))
         return self
 
     def processes(self) -> list[int]:
-        return processes_with_env(f"{CLUSTER_MARKER}={self.marker}")
+        """This cluster's live processes: those with its marker, and those of its `ray start` sessions."""
+        pids = set(processes_with_env(f"{CLUSTER_MARKER}={self.marker}"))
+        for session in self.sessions:
+            pids.update(launch.session_processes(session))
+        return sorted(pids - {os.getpid()})
 
     def stop(self, grace_s: float = 15.0) -> list[int]:
         """End every process of this cluster (SIGTERM, then SIGKILL after grace_s); those left."""
