@@ -28,7 +28,7 @@ from engine.bench.measure import BenchResult
 from engine.bench.report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
-from .background import BackgroundCall, make_relay, report_from_thread
+from .background import make_relay, report_from_thread, run_in_background
 from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
@@ -214,9 +214,8 @@ class ScalingStudyDialog(QDialog):
             self.status.setText("Open a dataset first: the measurements train on it.")
         # which backends can run here, found off the GUI thread (importing PyTorch takes seconds)
         names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
-        checker = BackgroundCall("scaling-availability", availability, names, parent=self)
-        checker.done.connect(self._show_availability)
-        checker.start()
+        run_in_background(availability, names, parent=self, name="scaling-availability",
+                          on_done=self._show_availability)
 
     # running ------------------------------------------------------------------
     @staticmethod
@@ -237,7 +236,7 @@ class ScalingStudyDialog(QDialog):
                 item = listing.item(i)
                 item.setCheckState(Qt.Checked if item.text() in names else Qt.Unchecked)
 
-    def _show_availability(self, _call, status: dict) -> None:
+    def _show_availability(self, status: dict) -> None:
         for i in range(self.backend_list.count()):
             item = self.backend_list.item(i)
             available, reason = status.get(item.text(), (True, ""))

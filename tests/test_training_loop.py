@@ -512,8 +512,8 @@ def announcing(backend_name: str):
 def test_a_build_while_opening_is_named_and_reported_when_asked(report):
     opener, calls, holder = announcing("futhark-c")
     events = Events()
-    loop = holder["loop"] = TrainingLoop(spec(), events, LoopSettings(end_when_finished=True, opener=opener,
-                                                                      report_builds=report))
+    settings = LoopSettings(end_when_finished=True, opener=opener, report_builds=report)
+    loop = holder["loop"] = TrainingLoop(spec(), events, settings)
     loop.run()
     texts = [e.text for e in events.of(rs.Status)]
     if report:
