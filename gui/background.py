@@ -23,6 +23,9 @@ never waits for a disk, a network share, a FIFO or a computation. Options:
   engine.Cancelled when it is true ends the call silently;
 - yield_to=another one-thread Background: this one's cancel polls wait while
   the other is busy (a slow search steps aside for a quick computation).
+A generator function reports as it goes (as superqt's GeneratorWorker):
+each value it yields reaches on_yielded(value) and the `yielded(key, value)`
+signal, and what it returns is its result (the scaling study's rows).
 `run_in_background(fn, *args, parent=window, on_done=..., on_failed=...)` is
 one call of its own, the Background deleting itself once it has reported.
 
@@ -35,6 +38,7 @@ The scaling study's own thread reports the same way.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import weakref
@@ -184,19 +188,38 @@ def _call(calls: _Calls, request: _Request, owner: weakref.ref, cancellable: boo
             time.sleep(YIELD_POLL_S)
         return calls.stale(request.key, request.generation)
 
+    def report(signal: str, *args) -> None:
+        background = owner()
+        if background is not None:
+            report_from_thread(background, signal, request.generation, *args)
+        del background  # the GUI thread's relay holds it until it has reported
+
     result, error = None, None
     try:
         result = request.fn(*request.args, **({"cancel": cancel} if cancellable else {}))
+        if inspect.isgenerator(result):
+            result = yield_each(result, lambda: calls.stale(request.key, request.generation),
+                                lambda value: report("_yielded", value))
     except Exception as exc:  # every failure is reported to whoever asked, never raised here
         error = exc
     finally:
         calls.done(request.generation)
     if isinstance(error, Cancelled) or calls.stale(request.key, request.generation):
         return
-    background = owner()
-    if background is not None:
-        report_from_thread(background, "_finished", request.generation, result, error)
-    del background
+    report("_finished", result, error)
+
+
+def yield_each(generator, stale: Callable[[], bool], report: Callable[[object], None]):
+    """Report each value the generator yields (none once its call is stale); its return value."""
+    while True:
+        try:
+            value = next(generator)
+        except StopIteration as stop:
+            return stop.value
+        if stale():
+            generator.close()
+            raise Cancelled("superseded")
+        report(value)
 
 
 def _serve(calls: _Calls, owner: weakref.ref, cancellable: bool, yield_to: _Calls | None) -> None:
@@ -210,9 +233,11 @@ class Background(QObject):
 
     Create it on the GUI thread, with a parent (the object whose calls these are)."""
 
-    done = Signal(str, object)    # key, the call's result (after its on_done)
-    failed = Signal(str, object)  # key, the exception the call raised (after its on_failed)
+    done = Signal(str, object)     # key, the call's result (after its on_done)
+    failed = Signal(str, object)   # key, the exception the call raised (after its on_failed)
+    yielded = Signal(str, object)  # key, a value a generator call yielded (after its on_yielded)
     _finished = Signal(int, object, object)  # from a call's thread: generation, result, exception
+    _yielded = Signal(int, object)           # from a call's thread: generation, value
 
     def __init__(self, parent: QObject | None = None, name: str = "background", *, newest_wins: bool = False,
                  one_thread: bool = False, cancellable: bool = False, yield_to: "Background | None" = None):
@@ -222,13 +247,14 @@ class Background(QObject):
         self._newest_wins, self._one_thread, self._cancellable = newest_wins, one_thread, cancellable
         self._yield_to = yield_to._calls if yield_to is not None else None
         self._calls = _Calls()
-        self._handlers: dict[int, tuple[str, Callable | None, Callable | None]] = {}  # calls that will report
+        self._handlers: dict[int, tuple] = {}  # calls that will report: (key, on_done, on_failed, on_yielded)
         self._thread: threading.Thread | None = None  # one_thread: made on the first call
         self._finished.connect(self._deliver)  # emitted on the GUI thread (report_from_thread)
+        self._yielded.connect(self._deliver_yielded)
         self.destroyed.connect(self._calls.close)  # a plain object's method: callable during deletion
 
     def start(self, fn: Callable, *args, key: str = "", on_done: Callable | None = None,
-              on_failed: Callable | None = None, refresh: bool = False) -> int:
+              on_failed: Callable | None = None, on_yielded: Callable | None = None, refresh: bool = False) -> int:
         """Start fn(*args) (a call of `key`); returns its number (0 once closed).
         refresh=True (one_thread and newest_wins): it replaces a call of key not
         started yet but lets a running one finish and report (new parameters after
@@ -243,7 +269,7 @@ class Background(QObject):
             return 0
         if supersede:
             self._forget(key, request.generation)
-        self._handlers[request.generation] = (key, on_done, on_failed)
+        self._handlers[request.generation] = (key, on_done, on_failed, on_yielded)
         owner = weakref.ref(self)
         if not self._one_thread:
             threading.Thread(target=_call, args=(self._calls, request, owner, self._cancellable, self._yield_to),
@@ -277,7 +303,7 @@ class Background(QObject):
         return not self._thread.is_alive()
 
     def _forget(self, key: str, below: int) -> None:
-        for generation in [g for g, (k, _, _) in self._handlers.items() if k == key and g < below]:
+        for generation in [g for g, (k, *_) in self._handlers.items() if k == key and g < below]:
             del self._handlers[generation]
 
     @Slot(int, object, object)
@@ -285,7 +311,7 @@ class Background(QObject):
         entry = self._handlers.pop(generation, None)
         if entry is None:
             return  # superseded, cancelled or closed meanwhile
-        key, on_done, on_failed = entry
+        key, on_done, on_failed, _ = entry
         if error is not None:
             if on_failed is not None:
                 on_failed(error)
@@ -295,14 +321,24 @@ class Background(QObject):
                 on_done(result)
             self.done.emit(key, result)
 
+    @Slot(int, object)
+    def _deliver_yielded(self, generation: int, value: object) -> None:
+        entry = self._handlers.get(generation)
+        if entry is None:
+            return
+        key, _, _, on_yielded = entry
+        if on_yielded is not None:
+            on_yielded(value)
+        self.yielded.emit(key, value)
 
-def run_in_background(fn: Callable, *args, parent: QObject, name: str = "",
-                      on_done: Callable | None = None, on_failed: Callable | None = None) -> Background:
+
+def run_in_background(fn: Callable, *args, parent: QObject, name: str = "", on_done: Callable | None = None,
+                      on_failed: Callable | None = None, on_yielded: Callable | None = None) -> Background:
     """fn(*args) in a thread of its own; on_done(result) / on_failed(exc) on the GUI
     thread; its Background deletes itself once it has reported (with the parent,
     if that goes first: nothing is reported then)."""
     call = Background(parent, name or getattr(fn, "__name__", "background"))
     call.done.connect(call.deleteLater)
     call.failed.connect(call.deleteLater)
-    call.start(fn, *args, on_done=on_done, on_failed=on_failed)
+    call.start(fn, *args, on_done=on_done, on_failed=on_failed, on_yielded=on_yielded)
     return call

@@ -156,6 +156,45 @@ def test_a_call_whose_owner_went_reports_nothing(qtbot):
     assert results == []
 
 
+def test_a_generator_reports_each_value_it_yields_then_its_return_value(qtbot, owner):
+    background = Background(owner, "generator")
+    yielded, done = [], []
+    signalled = []
+    background.yielded.connect(lambda key, value: signalled.append((key, value)))
+
+    def rows(n):
+        for i in range(n):
+            yield ("row", i)
+        return "finished"
+
+    background.start(rows, 3, key="study", on_yielded=yielded.append, on_done=done.append)
+    qtbot.waitUntil(lambda: done == ["finished"], timeout=WAIT_MS)
+    assert yielded == [("row", 0), ("row", 1), ("row", 2)]
+    assert signalled == [("study", v) for v in yielded]
+
+
+def test_a_superseded_generator_stops_at_its_next_value(qtbot, owner):
+    background = Background(owner, "superseded-generator", newest_wins=True)
+    gate, left = threading.Event(), []
+    yielded = []
+
+    def rows():
+        yield "first"
+        assert gate.wait(WAIT_S)
+        try:
+            yield "second"  # superseded by now: never reported, and the generator is closed here
+        finally:
+            left.append("closed")
+        yield "third"
+
+    background.start(rows, on_yielded=yielded.append)
+    qtbot.waitUntil(lambda: yielded == ["first"], timeout=WAIT_MS)
+    background.start(lambda: "newer", on_done=yielded.append)
+    gate.set()
+    reported(qtbot, background.name)
+    assert yielded == ["first", "newer"] and left == ["closed"]
+
+
 # one thread ------------------------------------------------------------------------------
 
 @pytest.fixture
