@@ -34,7 +34,6 @@ moment (a crash): `report_from_thread` hands the report to the GUI thread
 through a relay that lives as long as the app, and there the report is
 dropped if its object has gone (the window closed meanwhile); no thread holds
 a Background itself (a weak reference), and deleting one ends its thread.
-The scaling study's own thread reports the same way.
 """
 from __future__ import annotations
 
