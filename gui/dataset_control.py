@@ -13,7 +13,7 @@ from PySide6.QtCore import QObject, Signal
 import engine
 from engine.training.run_model import DatasetIdentity, Phase, RunModel
 
-from .background import NewestCall
+from .background import Background
 from .config_panel import ConfigPanel
 from .loss_plot import LossPlot
 from .run_control import RunController
@@ -42,7 +42,7 @@ class DatasetController(QObject):
         self.corpus: engine.Corpus | None = None
         self.identity: DatasetIdentity | None = None
         self.path: str | None = None
-        self._read = NewestCall(self, "read-dataset")  # the latest Open dataset, until it reports
+        self._read = Background(self, "read-dataset", newest_wins=True)  # the latest Open dataset, until it reports
         run.subscribe(lambda model, what: self.show_info() if what in ("run", "phase") else None)
         config_panel.changed.connect(self.show_info)
         runs.reading_problem = lambda: "reading the dataset..." if self.reading else ""
@@ -67,7 +67,7 @@ class DatasetController(QObject):
 
     def forget_read(self) -> None:
         """Closing: a read still going is dropped when it reports."""
-        self._read.forget()
+        self._read.cancel()
 
     def _on_read(self, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
         self.runs.guard.confirm(f"Opening {Path(path).name}", lambda: self._use(path, corpus, identity))

@@ -21,7 +21,7 @@ import engine
 from engine.training import protocol as rs
 from engine.training.records import write_loss_csv
 
-from .background import NewestCall, run_in_background
+from .background import Background, run_in_background
 from .dataset_control import DatasetController
 from .dialogs import about_html
 from .loss_plot import LossPlot
@@ -49,7 +49,8 @@ class FileController(QObject):
         super().__init__(host)
         self._host, self.runs, self.datasets, self.loss_plot, self.notify = host, runs, datasets, loss_plot, notify
         self._backend_name, self._ask_open_path = backend_name, ask_open_path
-        self._checkpoint_read = NewestCall(self, "read-checkpoint")  # the latest Load checkpoint, until it reports
+        # the latest Load checkpoint, until it reports
+        self._checkpoint_read = Background(self, "read-checkpoint", newest_wins=True)
         runs.on_discard.append(self.forget_reads)
 
     def build_file_menu(self) -> None:
@@ -144,7 +145,7 @@ class FileController(QObject):
 
     def forget_reads(self) -> None:
         """Reset, a new run or closing: a checkpoint still being read is not loaded."""
-        self._checkpoint_read.forget()
+        self._checkpoint_read.cancel()
 
     def _on_checkpoint_read(self, path: str, checkpoint) -> None:
         spec = rs.RunSpec(self._backend_name(), checkpoint=checkpoint, autostart=False)

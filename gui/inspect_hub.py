@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QWidget
 
 from engine.model.introspect import Snapshot
 
-from .latest_worker import LatestRequestWorker
+from .background import Background
 
 
 class InspectHub(QObject):
@@ -31,11 +31,12 @@ class InspectHub(QObject):
         super().__init__(parent)
         self._snapshot: Snapshot | None = None
         self._panels: list[QWidget] = []
-        self.worker = LatestRequestWorker(self, name="inspect")
-        self.slow_worker = LatestRequestWorker(self, name="inspect-slow", yield_to=self.worker)
+        self.worker = Background(self, "inspect", newest_wins=True, one_thread=True, cancellable=True)
+        self.slow_worker = Background(self, "inspect-slow", newest_wins=True, one_thread=True, cancellable=True,
+                                      yield_to=self.worker)
         for worker in (self.worker, self.slow_worker):
-            worker.resultReady.connect(self.resultReady)
-            worker.failed.connect(self.failed)
+            worker.done.connect(self.resultReady)
+            worker.failed.connect(self._on_failed)
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -67,8 +68,7 @@ class InspectHub(QObject):
         if self._snapshot is None:
             return False
         worker = self.slow_worker if slow else self.worker
-        put = worker.refresh if refresh else worker.submit
-        put(key, fn, self._snapshot, *args)
+        worker.start(fn, self._snapshot, *args, key=key, refresh=refresh)
         return True
 
     def cancel(self, key: str) -> None:
@@ -76,7 +76,10 @@ class InspectHub(QObject):
         self.slow_worker.cancel(key)
 
     def is_busy(self) -> bool:
-        return self.worker.is_busy() or self.slow_worker.is_busy()
+        return self.worker.busy or self.slow_worker.busy
+
+    def _on_failed(self, key: str, exc: Exception) -> None:
+        self.failed.emit(key, str(exc) or type(exc).__name__)
 
     def close(self, timeout_s: float = 2.0) -> bool:
         """Stop both threads (running requests are asked to cancel); True when they ended

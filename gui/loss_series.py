@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 import engine
 from engine.memory import grown
 
-from .latest_worker import LatestRequestWorker
+from .background import Background
 
 EMA_BLOCK = 64  # the block matrix costs EMA_BLOCK multiply-adds per value
 SYNC_STEPS = 50_000  # up to this many values in all, a new weight is applied at once (about a millisecond)
@@ -189,7 +189,7 @@ class Resmoother(QObject):
     def __init__(self, parent: QObject | None = None, name: str = "resmooth"):
         super().__init__(parent)
         self._name = name
-        self._worker: LatestRequestWorker | None = None  # made on the first long series
+        self._worker: Background | None = None  # made on the first long series
         self._pending: tuple[float, list[GrowingSeries]] | None = None
 
     @property
@@ -206,11 +206,11 @@ class Resmoother(QObject):
             self.done.emit()
             return
         if self._worker is None:
-            self._worker = LatestRequestWorker(self, name=self._name)
-            self._worker.resultReady.connect(self._on_result)
+            self._worker = Background(self, self._name, newest_wins=True, one_thread=True, cancellable=True)
+            self._worker.done.connect(self._on_result)
         self._pending = (weight, series)
         jobs = [(s.y, s.n, s.epoch) for s in series]
-        self._worker.submit(RESMOOTH_KEY, _smooth_all, weight, jobs)
+        self._worker.start(_smooth_all, weight, jobs, key=RESMOOTH_KEY)
 
     def _on_result(self, _key: str, results: list[tuple]) -> None:
         if self._pending is None:

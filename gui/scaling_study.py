@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter, QTableWidget,
@@ -28,7 +28,7 @@ from engine.bench.measure import BenchResult
 from engine.bench.report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
-from .background import BackgroundCall, make_relay, report_from_thread
+from .background import Background, run_in_background
 from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
@@ -64,54 +64,31 @@ def _short(value: float) -> str:
     return f"{value:g}"
 
 
-class _StudyRun(QObject):
-    """One study in a daemon thread; reports by its signals, emitted on the GUI
-    thread (gui.background.report_from_thread).
-
-    It is a child of the dialog and deleted with deleteLater once done: were
-    the thread to drop the last reference, Qt would delete it from the wrong
-    thread (a crash at exit)."""
-
-    row = Signal(object)            # a BenchResult: measured, skipped or failed
-    started = Signal(str, str, int, int)  # backend, preset, index of the job, number of jobs
-    done = Signal(bool)             # True when it was cancelled
-
-    def __init__(self, backends, presets, measure, availability, seconds, parent):
-        super().__init__(parent)
-        make_relay()
-        self.cancelled = threading.Event()
-        self._args = (list(backends), list(presets), measure, availability, seconds)
-        self._thread = threading.Thread(target=self._run, name="scaling-study", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def _run(self) -> None:
-        backends, presets, measure, availability, seconds = self._args
-        try:
-            study = scaling.plan(backends, presets, availability)
-            for result in study.skipped:
-                report_from_thread(self, "row", result)
-            for i, (backend, preset) in enumerate(study.jobs):
-                if self.cancelled.is_set():
-                    break
-                report_from_thread(self, "started", backend, preset, i, len(study.jobs))
-                try:
-                    result = measure(backend, preset, seconds, self.cancelled.is_set)
-                except engine.Cancelled:
-                    break
-                except Exception as exc:  # one failed configuration is one error row
-                    result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
-                if self.cancelled.is_set():
-                    break
-                report_from_thread(self, "row", result)
-        except Exception as exc:  # e.g. availability failed: say so, end the study
-            failure = BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}")
-            report_from_thread(self, "row", failure)
-        report_from_thread(self, "done", self.cancelled.is_set())
+def study_reports(backends, presets, measure, availability, seconds, cancelled: Callable[[], bool]):
+    """One study, in a background thread (a generator: gui.background reports what it
+    yields on the GUI thread): ("started", backend, preset, index, jobs) before each
+    measurement and ("row", BenchResult) for each measured, skipped or failed
+    configuration; returns whether it was cancelled."""
+    try:
+        study = scaling.plan(list(backends), list(presets), availability)
+        for result in study.skipped:
+            yield ("row", result)
+        for i, (backend, preset) in enumerate(study.jobs):
+            if cancelled():
+                break
+            yield ("started", backend, preset, i, len(study.jobs))
+            try:
+                result = measure(backend, preset, seconds, cancelled)
+            except engine.Cancelled:
+                break
+            except Exception as exc:  # one failed configuration is one error row
+                result = BenchResult(backend, preset, "error", reason=f"{type(exc).__name__}: {exc}")
+            if cancelled():
+                break
+            yield ("row", result)
+    except Exception as exc:  # e.g. availability failed: say so, end the study
+        yield ("row", BenchResult("-", "-", "error", reason=f"{type(exc).__name__}: {exc}"))
+    return cancelled()
 
 
 class ScalingStudyDialog(QDialog):
@@ -126,7 +103,8 @@ class ScalingStudyDialog(QDialog):
         self.availability = availability
         self.seconds = seconds
         self.results: list[BenchResult] = []
-        self._run: _StudyRun | None = None
+        self._study = Background(self, "scaling-study")
+        self._cancelled: threading.Event | None = None  # the running study's cancel flag
         self._curves: dict[str, pg.PlotDataItem] = {}
 
         self.backend_list = QListWidget(objectName="scalingBackendList")
@@ -214,9 +192,8 @@ class ScalingStudyDialog(QDialog):
             self.status.setText("Open a dataset first: the measurements train on it.")
         # which backends can run here, found off the GUI thread (importing PyTorch takes seconds)
         names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
-        checker = BackgroundCall("scaling-availability", availability, names, parent=self)
-        checker.done.connect(self._show_availability)
-        checker.start()
+        run_in_background(availability, names, parent=self, name="scaling-availability",
+                          on_done=self._show_availability)
 
     # running ------------------------------------------------------------------
     @staticmethod
@@ -237,7 +214,7 @@ class ScalingStudyDialog(QDialog):
                 item = listing.item(i)
                 item.setCheckState(Qt.Checked if item.text() in names else Qt.Unchecked)
 
-    def _show_availability(self, _call, status: dict) -> None:
+    def _show_availability(self, status: dict) -> None:
         for i in range(self.backend_list.count()):
             item = self.backend_list.item(i)
             available, reason = status.get(item.text(), (True, ""))
@@ -248,7 +225,7 @@ class ScalingStudyDialog(QDialog):
 
     @property
     def running(self) -> bool:
-        return self._run is not None
+        return self._cancelled is not None
 
     def run(self) -> bool:
         """Start a study of the ticked backends and presets (the old results are cleared)."""
@@ -259,19 +236,17 @@ class ScalingStudyDialog(QDialog):
             self.status.setText("Tick at least one backend and one preset.")
             return False
         self.clear()
-        self._run = _StudyRun(backends, presets, self.measure, self.availability, self.seconds, self)
-        self._run.row.connect(self._on_row)
-        self._run.started.connect(self._on_started)
-        self._run.done.connect(self._on_done)
+        self._cancelled = threading.Event()
         self.progress.setRange(0, 0)
         self.progress.setFormat("checking the backends...")
         self._set_running(True)
-        self._run.start()
+        self._study.start(study_reports, backends, presets, self.measure, self.availability, self.seconds,
+                          self._cancelled.is_set, on_yielded=self._on_report, on_done=self._on_done)
         return True
 
     def cancel(self) -> None:
-        if self._run is not None:
-            self._run.cancel()
+        if self._cancelled is not None:
+            self._cancelled.set()
             self.status.setText("Cancelling...")
 
     def _set_running(self, running: bool) -> None:
@@ -280,16 +255,16 @@ class ScalingStudyDialog(QDialog):
         self.backend_list.setEnabled(not running)
         self.preset_list.setEnabled(not running)
 
+    def _on_report(self, report: tuple) -> None:
+        kind, *args = report
+        (self._on_started if kind == "started" else self._on_row)(*args)
+
     def _on_started(self, backend: str, preset: str, index: int, total: int) -> None:
-        if self.sender() is not self._run:
-            return
         self.progress.setRange(0, total)
         self._show_progress(index)
         self.status.setText(f"Measuring {backend} on {preset}...")
 
     def _on_row(self, result: BenchResult) -> None:
-        if self.sender() is not self._run:
-            return
         self.add_result(result)
         if result.status != "skipped" and self.progress.maximum() > 0:
             self._show_progress(self.progress.value() + 1)
@@ -299,10 +274,7 @@ class ScalingStudyDialog(QDialog):
         self.progress.setFormat(f"{done} / {self.progress.maximum()}")
 
     def _on_done(self, cancelled: bool) -> None:
-        if self.sender() is not self._run:
-            return
-        self._run.deleteLater()
-        self._run = None
+        self._cancelled = None
         self._set_running(False)
         measured = sum(r.status == "ok" for r in self.results)
         self.progress.setRange(0, 1)

@@ -20,10 +20,11 @@ import weakref
 
 from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal, Slot
 
+from engine.training.loop import SAVING
 from engine.training.protocol import End, Error, Event, RunSpec, Saved
 
 from .background import emit_while_alive
-from .worker import SAVING, TrainingWorker
+from .worker import TrainingWorker
 
 # While a worker or a file read computes in Python, the GUI thread waits for the GIL
 # at each of its many short Qt calls, up to one switch interval (5 ms by default)

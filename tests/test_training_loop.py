@@ -19,7 +19,7 @@ import engine
 from engine import Corpus, TrainConfig, get_preset, open_backend, read_checkpoint
 from engine.backends.numpy_backend import NumpyBackend
 from engine.training import protocol as rs
-from engine.training.loop import LoopSettings, TrainingLoop, open_runner
+from engine.training.loop import SAVING, LoopSettings, TrainingLoop, open_runner
 from engine.training.run_model import Phase, extend_backend
 
 TIMEOUT = 30.0  # seconds: a deadline against a hung test, never a timing assertion
@@ -430,6 +430,100 @@ def test_the_autosave_hook_saves_when_it_names_a_path(tmp_path):
     assert all(b > a for (_, a), (_, b) in zip(asked, asked[1:])), "the clock counts training time"
     [saved] = events.of(rs.Saved)
     assert (saved.step, saved.autosave) == (20, True) and read_checkpoint(saved.path).step == 20
+
+
+def test_saves_pending_counts_a_save_until_it_is_written_or_refused(tmp_path):
+    """The window waits (closing, quitting) while a checkpoint asked for is pending."""
+    gates = {"train": Gate()}
+    events = Events()
+    loop = TrainingLoop(spec(replace(TRAIN, num_steps=100_000), autostart=False), events,
+                        LoopSettings(opener=gated(gates), chunk_steps=lambda loop: 3))
+    assert not loop.saves_pending
+    thread = started(loop)
+    events.wait_for(lambda ev: Phase.READY in ev.phases(), "ready")
+    loop.send(rs.Resume())
+    events.wait_for(lambda ev: ev.of(rs.Losses), "a chunk")
+    gates["train"].close()
+    assert gates["train"].reached.wait(TIMEOUT)
+    loop.send(rs.Save(str(tmp_path / "queued.npz")))
+    assert loop.saves_pending, "queued behind the chunk in progress"
+    gates["train"].open()
+    events.wait_for(lambda ev: ev.of(rs.Saved), "the save")
+    assert not loop.saves_pending and read_checkpoint(tmp_path / "queued.npz").step == events.of(rs.Saved)[0].step
+    gates["train"].close()
+    assert gates["train"].reached.wait(TIMEOUT)
+    loop.send(rs.Save(str(tmp_path / "dropped.npz")))
+    loop.send(rs.End(serve_saves=False))
+    assert loop.saves_pending
+    gates["train"].open()
+    joined(thread)
+    assert not loop.saves_pending and not (tmp_path / "dropped.npz").exists(), "ended: nothing more is written"
+
+
+def test_a_save_the_phase_refuses_is_settled_not_written(tmp_path):
+    events = Events()
+    loop = TrainingLoop(spec(backend="no-such-backend"), events)
+    loop.send(rs.Save(str(tmp_path / "never.npz")))
+    assert loop.saves_pending
+    loop.run()  # opening fails: no model to save
+    assert not loop.saves_pending and not (tmp_path / "never.npz").exists()
+
+
+def test_saving_is_named_by_call_while_the_checkpoint_is_written(tmp_path):
+    seen = []
+
+    class Watched(NumpyBackend):
+        def get_state(self):
+            seen.append(holder["loop"].call)
+            return super().get_state()
+
+    holder = {}
+    events = Events(lambda e: isinstance(e, rs.PhaseChanged) and e.phase == Phase.DONE and
+                    holder["loop"].send(rs.Save(str(tmp_path / "end.npz"))))
+    loop = holder["loop"] = TrainingLoop(spec(), events, LoopSettings(
+        end_when_finished=True, opener=lambda s: Watched(s.model, s.train, s.corpus)))
+    loop.run()
+    assert SAVING in seen and read_checkpoint(tmp_path / "end.npz").step == 60
+
+
+def announcing(backend_name: str):
+    """An opener that announces a Futhark build from its own thread and one from
+    another thread (a different run's, which the loop must not report)."""
+    from engine.futhark.build import BuildEvent, _announce
+
+    def event(phase, seconds=0.0):
+        return BuildEvent(phase, backend_name, "shipped", "cc 1", "0.25", "about 20-40 s", seconds)
+
+    def opener(s: rs.RunSpec):
+        other = threading.Thread(target=_announce, args=(event("start"),))
+        other.start()
+        other.join()
+        _announce(event("start"))
+        calls.append(holder["loop"].call)
+        _announce(event("done", 23.0))
+        calls.append(holder["loop"].call)
+        return open_runner(s)
+
+    calls, holder = [], {}
+    return opener, calls, holder
+
+
+@pytest.mark.parametrize("report", [True, False])
+def test_a_build_while_opening_is_named_and_reported_when_asked(report):
+    opener, calls, holder = announcing("futhark-c")
+    events = Events()
+    settings = LoopSettings(end_when_finished=True, opener=opener, report_builds=report)
+    loop = holder["loop"] = TrainingLoop(spec(), events, settings)
+    loop.run()
+    texts = [e.text for e in events.of(rs.Status)]
+    if report:
+        assert calls == ["building futhark-c (first use, about 20-40 s)", "opening the numpy backend"]
+        assert texts[1:3] == ["building futhark-c from the shipped C with cc 1 (first use, about 20-40 s)...",
+                              "built futhark-c in 23 s"], "this thread's build only, in order"
+    else:
+        assert calls == ["opening the numpy backend"] * 2 and len(texts) == 1
+    from engine.futhark import build
+    assert not build._listeners, "the listener goes with the opening"
 
 
 # checkpoints and continuing ---------------------------------------------------------------------

@@ -22,9 +22,11 @@ The interface (agreed with the sweep runner; fields are only ever added):
   longer training (finished, diverged, failed, stopped by its chunk plan or
   by Stop) and no command is waiting. Its last event is always Closed.
 - Snapshots readable from other threads without waiting: `phase`, `call`
-  (the long call the loop is inside, "" between calls), `step`,
-  `train_seconds` (time inside train() calls: the autosave clock and the
-  ms/step figure), `steps_per_chunk`, `loss_history()`.
+  (the long call the loop is inside, "" between calls; SAVING while a
+  checkpoint is written), `step`, `train_seconds` (time inside train() calls:
+  the autosave clock and the ms/step figure), `steps_per_chunk`,
+  `loss_history()`, `saves_pending` (a Save sent is not yet written or
+  refused, and the loop has not closed).
 - Phases move by engine.training.run_model's TRANSITIONS (the loop's own:
   opening, ready, running, paused, done, failed), each reported by
   PhaseChanged. End does not move the phase (stopping and none are the
@@ -35,7 +37,10 @@ The interface (agreed with the sweep runner; fields are only ever added):
 
 Extensions beyond the first agreed interface: LoopSettings' `heldout`,
 `heldout_share`, `delay_first_evaluation`, `chunk_steps` (a caller's own
-chunking, as bench and demo time theirs), `autosave`, `opener` and `clock`;
+chunking, as bench and demo time theirs), `autosave`, `opener`, `clock` and
+`report_builds` (a Futhark library built while the loop opens its backend is
+named by `call` and reported by Status events, as the window shows it);
+`saves_pending`;
 Error events carry the exception (`Error.exception`), so a command line can
 report it as it always did.
 
@@ -58,6 +63,8 @@ from . import protocol as rs
 from .heldout import EVAL_SHARE, HeldoutPoint, HoldoutSchedule, evaluate_if_due, evaluation_estimate
 from .protocol import RunInfo, RunSpec
 from .run_model import Phase, allows, extend_backend, next_phase
+
+SAVING = "saving the checkpoint"  # `call` while a checkpoint is written
 
 
 def open_runner(spec: RunSpec):
@@ -92,6 +99,9 @@ class LoopSettings:
     chunk_steps: Callable[["TrainingLoop"], int] | None = None
     opener: Callable[[RunSpec], object] = open_runner  # the backend (or a runner like it) for a spec
     clock: Callable[[], float] = time.perf_counter
+    # a Futhark library built on first use while opening (tens of seconds): named by `call`,
+    # its start and end reported as Status (engine.futhark.build's announcements)
+    report_builds: bool = False
 
 
 class TrainingLoop:
@@ -119,6 +129,10 @@ class TrainingLoop:
         self._snapshot_cost = 0.0
         self._evaluating = settings.heldout  # False once an evaluation failed: training goes on
         self._diverged = False  # a diverged run's parameters are not evaluated
+        # Saves sent, and those written or refused: each count has one writer thread
+        self._saves_sent = 0     # the sender's (send)
+        self._saves_settled = 0  # the loop's
+        self._closed = False     # run() has returned: nothing more is written
 
     # from any thread (never waits) ------------------------------------------------------
     def send(self, command: rs.Command) -> None:
@@ -127,6 +141,8 @@ class TrainingLoop:
         if isinstance(command, rs.WantSnapshots):
             (self._snapshots_wanted.set if command.wanted else self._snapshots_wanted.clear)()
             return
+        if isinstance(command, rs.Save):
+            self._saves_sent += 1
         if isinstance(command, rs.End):
             self._serve_saves = command.serve_saves
             self._ending.set()
@@ -146,6 +162,12 @@ class TrainingLoop:
         return self._k
 
     @property
+    def saves_pending(self) -> bool:
+        """A Save sent is not written yet (queued, or being written); False once
+        run() has returned (an End that did not serve saves dropped them)."""
+        return not self._closed and self._saves_sent > self._saves_settled
+
+    @property
     def seconds_per_step(self) -> float | None:
         """The training speed measured so far (smoothed), or None before a chunk."""
         return self._seconds_per_step
@@ -157,6 +179,7 @@ class TrainingLoop:
             self._run()
         finally:
             self.call = ""
+            self._closed = True
             self._emit(rs.Closed())
 
     def _emit(self, event: rs.Event) -> None:
@@ -200,10 +223,29 @@ class TrainingLoop:
         self.call = f"opening the {spec.backend} backend"
         self._emit(rs.Status(f"Opening backend {spec.backend} (a compiled backend builds its kernels "
                              "on first use; that can take a while)..."))
+        remove = self._listen_to_builds() if self.settings.report_builds else None
         try:
             return self.settings.opener(spec)
         finally:
+            if remove is not None:
+                remove()
             self.call = ""
+
+    def _listen_to_builds(self) -> Callable[[], None]:
+        """Report the builds this thread starts (not another run's) until the returned
+        callable is called."""
+        from ..futhark.build import add_build_listener
+
+        opener = threading.get_ident()
+
+        def on_build(event) -> None:
+            if threading.get_ident() != opener:
+                return
+            self.call = (f"building {event.backend} (first use, {event.estimate})" if event.phase == "start"
+                         else f"opening the {self.spec.backend} backend")  # the Status says from what
+            self._emit(rs.Status(event.message()))
+
+        return add_build_listener(on_build)
 
     @staticmethod
     def _close(backend) -> None:
@@ -241,6 +283,9 @@ class TrainingLoop:
                     time.sleep(0)  # hand the GIL to another thread (a window's) if it is waiting
 
     def _handle(self, command: rs.Command) -> None:
+        if isinstance(command, rs.Save):
+            self._settle(command, allows(self.phase, command))
+            return
         if isinstance(command, rs.Stop):
             self._interrupt.clear()
         if not allows(self.phase, command):
@@ -255,8 +300,6 @@ class TrainingLoop:
             self._move(command)
         elif isinstance(command, rs.Sample):
             self._sample(command)
-        elif isinstance(command, rs.Save):
-            self._save(command)
         elif isinstance(command, rs.TakeSnapshot):
             self._send_snapshot()
         elif isinstance(command, rs.Extend):
@@ -405,7 +448,7 @@ class TrainingLoop:
     def _save(self, command: rs.Save) -> None:
         from .checkpoint import save_checkpoint
 
-        self.call = "saving the checkpoint"
+        self.call = SAVING
         try:
             save_checkpoint(command.path, self.backend)
         except Exception as exc:
@@ -421,14 +464,22 @@ class TrainingLoop:
         End came, then the queue's, in order); every other request is dropped."""
         taken, self._saves_taken = self._saves_taken, []
         for command in taken:
-            self._save(command)
+            self._settle(command, True)
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
             if isinstance(command, rs.Save):
+                self._settle(command, True)
+
+    def _settle(self, command: rs.Save, write: bool) -> None:
+        """A Save sent, written (or refused: not in this phase), and counted."""
+        try:
+            if write:
                 self._save(command)
+        finally:
+            self._saves_settled += 1
 
     def _extend(self, num_steps: int) -> None:
         """Continue to num_steps: the backend reopened with the longer schedule (as a

@@ -118,7 +118,7 @@ def test_the_heldout_curve_is_drawn_during_and_at_the_end_of_a_run(make_window, 
     expected = heldout_references(names_corpus, "tiny", 3000, 8, [p.step for p in points])
     np.testing.assert_allclose([p.loss for p in points], expected, rtol=1e-6)
     assert window.status_labels["heldout"].text() == f"Held-out {points[-1].loss:.4f}"
-    assert window.session.worker._holdout.evaluations == len(points)
+    assert window.session.worker.loop.holdout_schedule.evaluations == len(points)
 
 
 def test_held_out_0_draws_no_heldout_curve(make_window, names_path, qtbot):

@@ -350,14 +350,19 @@ def test_a_reloaded_checkpoint_continues_its_run_s_row(make_window, names_path, 
     record = panel.runs[0]
     assert record.steps == 120
     for _ in range(2):
+        before = window.session
         window.load_checkpoint(str(path))
-        qtbot.waitUntil(lambda: window.run.saved_path == str(path) and window.state == "done", timeout=TIMEOUT_MS)
-        qtbot.waitUntil(lambda: panel.runs[-1].status == "loaded", timeout=TIMEOUT_MS)
+        # the loaded run's own: the run before it was done, saved to path too, and "loaded"
+        # comes with the opening, before the checkpoint's losses rewind the row
+        qtbot.waitUntil(lambda: window.session is not before and window.run.saved_path == str(path)
+                        and window.state == "done" and panel.runs[-1].status == "loaded", timeout=TIMEOUT_MS)
         assert panel.runs == [record] and panel.table.rowCount() == 1
         assert record.steps == 60 and record.train.num_steps == 60 and not np.isnan(record.ms_per_step)
         np.testing.assert_array_equal(record.losses, window.session.worker.loss_history())
+    before = window.session
     window.load_checkpoint(str(saved_elsewhere(names_corpus, tmp_path)))
-    qtbot.waitUntil(lambda: len(panel.runs) == 2, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: window.session is not before and window.state in ("ready", "done")
+                    and len(panel.runs) == 2, timeout=TIMEOUT_MS)  # opened, its losses in
     assert [r.name for r in panel.runs] == ["run 1", "run 2"] and panel.runs[1].steps == 30
     window.tabs.setCurrentWidget(panel)  # the table is filled while on screen
     steps, status = COLUMNS.index("Steps"), COLUMNS.index("Status")
