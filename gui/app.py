@@ -21,7 +21,7 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
     errors_before = len(window.messages)
 
     def start(*_):
-        window.config_panel.steps_spin.setValue(steps)
+        window.app.with_steps(steps)  # the Steps field follows the model
         if not window.start_run() and quit_when_done:
             print(f"microgpt-gui: cannot train: {window.messages[-1][2]}", file=sys.stderr)
             app.exit(1)
@@ -64,9 +64,10 @@ def run_gui(args: argparse.Namespace) -> int:
     # hides at once and closes only when the worker has finished
     app.setQuitOnLastWindowClosed(False)
     window.closed.connect(app.quit)
+    # the options write the application model; the fields follow it
     if args.preset:
-        window.config_panel.preset_combo.setCurrentText(args.preset)
-    if args.backend and not window.config_panel.select_backend(args.backend):
+        window.app.select_preset(args.preset)
+    if args.backend and not window.app.select_backend(args.backend):
         print(f"microgpt-gui: backend {args.backend!r} is not available here", file=sys.stderr)
     window.show()
     if args.autorun_steps:
