@@ -160,10 +160,9 @@ class MainWindow(QMainWindow):
         self.datasets = DatasetController(self, self.app, self.runs, self.config_panel, self.loss_plot,
                                           notify, self._ask_open_path)
         self.datasets.changed.connect(self.datasetChanged)
-        self.explore = ExploreController(self, self.run, self.runs.send, self._training_page, self.loss_plot,
+        self.explore = ExploreController(self, self.app, self.runs.send, self._training_page, self.loss_plot,
                                          self.sample_panel, notify, lambda: self.app.dataset.path,
                                          lambda: self.session.worker.step if self.session else 0)
-        self.runs.listeners.append(self.explore.on_event)
         x = self.explore  # its widgets, by the window's names for them
         self.tabs, self.run_list, self.inspect_hub = x.tabs, x.run_list, x.inspect_hub
         self.next_char_panel, self.attention_panel, self.char_map_panel = (

@@ -5,7 +5,8 @@ stopping, resuming, continuing and ending runs, and the worker's events.
 A RunController is given the application model (engine.app.AppModel: the
 dataset, the settings, the backend and the run), the sessions and the widgets
 it drives; it moves the run model by the worker's events and its own starts
-and endings, and passes every event on to its listeners (the explore tabs).
+and endings, and reports every event to the application model (the run's
+record; results such as snapshots go from there to the explore tabs).
 What Train means comes from the model (pause, resume, continue to the Steps
 setting's total, or a new run with the settings, on the backend selected or
 the one "auto" chose). Anything that would discard an
@@ -89,7 +90,6 @@ class RunController(QObject):
         super().__init__(host)
         self.app, self.run, self.sessions, self.w, self.notify = app, app.run, sessions, widgets, notify
         run = app.run
-        self.listeners: list[Callable[[rs.Event], None]] = []  # every worker event, after the model's
         self.guard = SaveGuard(host, run, self.send, ask_save_path)
         self.autosaver = Autosaver(self, run, lambda: self.session.worker if self.session else None)
         self._after_ending: Callable | None = None  # what to do once every ended worker has finished
@@ -258,8 +258,7 @@ class RunController(QObject):
         handler = self._HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
-        for listener in self.listeners:
-            listener(event)
+        self.app.report(event)  # the run's record, and results for whoever shows them
 
     def _on_opened(self, event: rs.Opened) -> None:
         info, (dataset, path) = event.info, self._opening

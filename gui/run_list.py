@@ -45,6 +45,7 @@ DATASET = COLUMNS.index("Dataset")
 
 class RunListPanel(QWidget):
     checkedChanged = Signal()
+    runsRemoved = Signal(list)  # records taken off the list (Remove, Delete, or the model's own removal)
 
     def __init__(self, parent=None, smoothing: float = 0.95):
         super().__init__(parent, objectName="runListPanel")
@@ -151,9 +152,8 @@ class RunListPanel(QWidget):
 
     def remove_runs(self, records: list[RunRecord]) -> None:
         """Take runs off the list and the overlay (what they held goes with them)."""
-        for record in records:
-            if not self.listed(record):
-                continue
+        removed = [record for record in records if self.listed(record)]
+        for record in removed:
             row = self._row(record)
             self._undraw(record)
             self.table.removeRow(row)
@@ -164,6 +164,8 @@ class RunListPanel(QWidget):
             self._rows = {id(r): i for i, r in enumerate(self.runs)}
         self._show_info()
         self.checkedChanged.emit()
+        if removed:
+            self.runsRemoved.emit(removed)
 
     def replace_run(self, old: RunRecord, new: RunRecord) -> None:
         """new in old's row, with its colour and tick (a reloaded run's fresh record)."""

@@ -7,6 +7,8 @@ layer observes).
     backend   the backend selected: a name, or "auto" (engine.backends.choice), and for auto the
               choice for these settings and a Futhark library building in the background
     run       the run on show (engine.training.run_model.RunModel: its phase, stored there only)
+    runs      the session's runs and their losses (engine.app.runs.RunHistory), the current run's
+              record grown from the worker's events (`report`)
 
 Front ends change it by its methods (the command line and the window's fields
 alike) and observe it with `subscribe`: observer(model, change, subject),
@@ -29,8 +31,10 @@ from ..backends import prebuild
 from ..backends.choice import AUTO, NAMES_VOCAB, Choice, choose_backend
 from ..config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, get_preset
 from ..data.corpus import Corpus
+from ..training import protocol as rs
 from ..training.protocol import RunSpec
 from ..training.run_model import DatasetIdentity, Phase, RunModel, TrainChoice
+from .runs import RunHistory
 
 NO_DATASET = "open a dataset first (File > Open dataset...)"
 READING = "reading the dataset..."
@@ -43,6 +47,8 @@ class Change(str, enum.Enum):
     SETTINGS = "settings"  # the preset, the configs or their problem
     BACKEND = "backend"    # the selection, the automatic choice, or a background build started or ended
     DISCARD = "discard"    # the run on show is being cleared (Reset, a new run, a new dataset)
+    RUNS = "runs"          # the session's runs: subject (engine.app.runs.RunChange, its subject)
+    RESULT = "result"      # a result for whoever asked: subject the event (a snapshot, names sampled)
 
 
 @dataclass
@@ -82,6 +88,7 @@ class AppModel:
                  choose: Callable[..., Choice] = choose_backend,
                  start_build: Callable[..., "prebuild.BackgroundBuild | None"] = prebuild.start_build):
         self.run = RunModel()
+        self.runs = RunHistory(self.run, lambda change, subject: self._notify(Change.RUNS, (change, subject)))
         self.dataset = DatasetState()
         self.settings = Settings()
         self.backends: tuple[BackendInfo, ...] = tuple(list_backends() if backends is None else backends)
@@ -265,6 +272,13 @@ class AppModel:
         self.set_configs(model, train, preset=next((n for n, p in PRESETS.items() if p.model == model), None))
         if not (self.backend == AUTO and self.run_by_auto):
             self.select_backend(backend)
+
+    def report(self, event: rs.Event) -> None:
+        """A worker's event, after the run model's own handling: the run's record grows;
+        a result (a parameter snapshot, names sampled) goes to whoever shows it."""
+        self.runs.report(event)
+        if isinstance(event, (rs.SnapshotReady, rs.Samples)):
+            self._notify(Change.RESULT, event)
 
     def discard(self) -> None:
         """The run on show is being cleared: observers forget what they hold of it."""
