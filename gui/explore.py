@@ -145,6 +145,8 @@ class ExploreController(QObject):
             run_list.update_run(subject)
         elif change == RunChange.REPLACED:
             run_list.replace_run(*subject)
+        elif change == RunChange.ENDING:
+            run_list.let_go(subject)
         elif change == RunChange.ENDED:
             run_list.run_ended(subject)
         elif change == RunChange.REMOVED:

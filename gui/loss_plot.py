@@ -4,8 +4,9 @@ own curve with markers (one per evaluation), a dashed line at ln(vocab) (the
 loss of guessing uniformly), an x axis of steps, names seen or training time
 (gui/plot_axes.py), a log-y toggle and a hover read-out.
 
-The curve data is a display copy of the worker's losses in growing numpy
-buffers (amortized doubling, gui/loss_series.py); redraws are throttled, and
+The curve's losses are the run's record's (the application model's copy,
+engine.app.runs); the plot keeps the steps and the smoothed curve in growing
+numpy buffers (amortized doubling, gui/loss_series.py); redraws are throttled, and
 pyqtgraph clips to the view and downsamples, so a million points stay smooth.
 A new smoothing weight is applied off the GUI thread once the run is long
 (loss_series.Resmoother), so the slider costs the window the same at any
@@ -122,6 +123,17 @@ class LossPlot(QWidget):
         self.series.extend(losses, first_step)
         self.clock.extend(first_step, len(losses), seconds)
         self._schedule()
+
+    def show_run(self, record) -> None:
+        """The losses to come are `record`'s (engine.training.records.RunRecord, the
+        application model's copy): the plot reads them there, keeping only its
+        steps and smoothed curve (called on a cleared plot, as a run opens)."""
+        self.series = GrowingSeries(self.smoothing, source=record)
+
+    def let_go(self, record) -> None:
+        """`record` is about to be compacted (its run ended): keep a copy of what is shown."""
+        if self.series.source is record:
+            self.series.detach()
 
     def add_heldout(self, points, replacing: bool = False) -> None:
         """Held-out evaluations (HeldoutPoints); replacing: the run's whole history."""

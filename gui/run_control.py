@@ -27,7 +27,8 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QProgressBar, QPushButton
 
 import engine
-from engine.app import AppModel
+from engine.app import AppModel, Change
+from engine.app.runs import RunChange
 from engine.training import protocol as rs
 from engine.training.run_model import ACTIVE, DatasetIdentity, Phase, TrainChoice
 from engine.training.records import preset_name
@@ -93,7 +94,6 @@ class RunController(QObject):
         self.guard = SaveGuard(host, run, self.send, ask_save_path)
         self.autosaver = Autosaver(self, run, lambda: self.session.worker if self.session else None)
         self._after_ending: Callable | None = None  # what to do once every ended worker has finished
-        self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
         self._warned = False        # engine.loss_warning shown for this run
         self._told_after_end = False  # a checkpoint's outcome shown while the run was stopping
         self._stop_asked = False      # Stop sent, the worker has not stopped yet
@@ -101,7 +101,7 @@ class RunController(QObject):
         sessions.allEnded.connect(self._on_sessions_ended)
         run.subscribe(self._on_model)
         widgets.loss_plot.redrawn.connect(self._on_redrawn)
-        app.subscribe(lambda model, change, subject: self.update_actions())  # dataset, settings, backend
+        app.subscribe(self._on_app)
         self._host = host
 
     def build_menu(self) -> None:
@@ -225,7 +225,8 @@ class RunController(QObject):
         session = self.sessions.start(spec)
         session.reports.reported.connect(self._on_event)  # on the GUI thread; silent once ended
         session.reports.reportedAfterEnd.connect(self._on_report_after_end)
-        self._opening, self._warned = (dataset, path), False
+        self._warned = False
+        self.app.opening(dataset, path)
         self.progress.opening()
         self.run.apply(rs.Open(spec))
         session.start()
@@ -255,15 +256,14 @@ class RunController(QObject):
 
     # the worker's events --------------------------------------------------------
     def _on_event(self, event: rs.Event) -> None:
+        self.app.report(event)  # the model first (the run, its record, results); the widgets show it
         handler = self._HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
-        self.app.report(event)  # the run's record, and results for whoever shows them
 
     def _on_opened(self, event: rs.Opened) -> None:
-        info, (dataset, path) = event.info, self._opening
-        w = self.w
-        self.app.run_opened(info.model, info.train, info.backend)  # the fields follow the model
+        info, w = event.info, self.w
+        w.loss_plot.show_run(self.app.runs.current)  # the plot reads the losses from the run's record
         w.loss_plot.set_vocab_size(info.vocab_size)
         w.loss_plot.set_run(info.train.batch_size, info.train_docs)
         w.loss_plot.follow_run(info.train.num_steps)
@@ -271,12 +271,10 @@ class RunController(QObject):
         w.progress_bar.setRange(0, info.train.num_steps)
         w.progress_bar.setValue(info.step)
         w.sample_panel.set_block_size(info.model.block_size)  # no name is longer than the model's context
-        self.run.opened(event, dataset, path)
 
     def _on_losses(self, event: rs.Losses) -> None:
         self.w.loss_plot.append(event.losses, event.first_step, event.seconds)  # progress, status follow its redraw
         step = event.first_step + len(event.losses)
-        self.run.trained_to(step)
         self.progress.trained_to(step, self.run.phase == Phase.RUNNING)
 
     def _on_heldout(self, event: rs.Heldout) -> None:
@@ -291,7 +289,6 @@ class RunController(QObject):
             self.autosaver.on_saved()
             self.notify.status(f"Autosaved to {event.path}", 10000)
             return
-        self.run.saved(event.path, event.step)
         self.notify.status(f"Checkpoint saved to {event.path}", 10000)
         self.guard.on_saved(event.path)
 
@@ -306,7 +303,6 @@ class RunController(QObject):
             self.notify.show_message("error", "microgpt-gui", event.message, event.details)
 
     def _on_extended(self, event: rs.Extended) -> None:
-        self.run.extended(event.num_steps)
         self.w.progress_bar.setMaximum(event.num_steps)
         self.w.loss_plot.follow_run(event.num_steps)
 
@@ -320,15 +316,17 @@ class RunController(QObject):
         self.guard.on_error()
         self.notify.show_message("error", "microgpt-gui", event.message, event.details)
 
-    def _on_phase(self, event: rs.PhaseChanged) -> None:
-        self.run.report(event.phase)
-
     _HANDLERS = {rs.Opened: _on_opened, rs.Losses: _on_losses, rs.Heldout: _on_heldout, rs.Samples: _on_samples,
                  rs.Saved: _on_saved,
-                 rs.Extended: _on_extended, rs.Status: _on_status, rs.Error: _on_error,
-                 rs.PhaseChanged: _on_phase}
+                 rs.Extended: _on_extended, rs.Status: _on_status, rs.Error: _on_error}
 
     # the model's changes --------------------------------------------------------
+    def _on_app(self, app: AppModel, change: Change, subject) -> None:
+        if change == Change.RUNS and subject[0] == RunChange.ENDING:
+            self.w.loss_plot.let_go(subject[1])  # compacted next: the plot keeps what it shows
+        elif change in (Change.DATASET, Change.SETTINGS, Change.BACKEND):
+            self.update_actions()
+
     def _on_model(self, run: RunModel, what: str) -> None:
         if what == "phase":
             self._on_phase_changed(run.phase)

@@ -184,6 +184,12 @@ class RunListPanel(QWidget):
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
         self.remove_runs([self.runs[row] for row in rows])
 
+    def let_go(self, record: RunRecord) -> None:
+        """record is about to be compacted: its series keeps its own copy until dropped."""
+        series = self._series.get(id(record))
+        if series is not None:
+            series.detach()
+
     def run_ended(self, record: RunRecord) -> None:
         """A run that will not grow again: its record compacted, its series rebuilt from that."""
         if self.listed(record):
@@ -256,7 +262,8 @@ class RunListPanel(QWidget):
         (rebuilt if it was rewound)."""
         series = self._series.get(id(record))
         if series is None:
-            series = self._series[id(record)] = GrowingSeries(self.smoothing ** record.block)
+            # the record's losses, read where they are (the application model's copy)
+            series = self._series[id(record)] = GrowingSeries(self.smoothing ** record.block, source=record)
         n = len(record.losses)
         if series.n > n:
             series.truncate(n)

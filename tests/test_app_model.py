@@ -181,7 +181,7 @@ def test_auto_trains_on_numpy_while_its_choice_builds_and_chooses_it_again_when_
 
 
 def open_run(model, corpus, identity, train=TINY.train, from_checkpoint=False, path=None, step=0):
-    """The run model's side of an opening, as the window's run controller does it."""
+    """An opening as the window's run controller reports it: the Open command, then the worker's Opened."""
     run = model.run
     if run.phase != Phase.NONE:
         run.apply(rs.End())
@@ -189,9 +189,8 @@ def open_run(model, corpus, identity, train=TINY.train, from_checkpoint=False, p
     checkpoint = object() if from_checkpoint else None
     run.apply(rs.Open(rs.RunSpec("numpy", corpus, TINY.model, train, checkpoint=checkpoint)))
     info = rs.RunInfo("numpy", TINY.model, train, TINY.model.num_params(27), 27, len(corpus), step, holdout=100)
-    event = rs.Opened(info, from_checkpoint)
-    run.opened(event, identity, path)
-    model.report(event)
+    model.opening(identity, path)
+    model.report(rs.Opened(info, from_checkpoint))  # the run model opens it, then its record
 
 
 def test_the_runs_records_grow_from_the_workers_events_and_a_reloaded_checkpoint_continues_its_run():
@@ -207,22 +206,25 @@ def test_the_runs_records_grow_from_the_workers_events_and_a_reloaded_checkpoint
     record = model.runs.current
     assert runs[0] == (RunChange.ADDED, record) and record.name == "run 1" and record.dataset == "names.txt"
     assert record.train.holdout == 100 and record.dataset_hash == identity.content_hash
-    model.run.report(Phase.RUNNING)
+    model.report(rs.PhaseChanged(Phase.RUNNING))
     model.report(rs.Losses(list(losses[:20]), 0, 0.02))
     model.report(rs.Saved("/tmp/run1.npz", 20, False))
     model.report(rs.Losses(list(losses[20:]), 20, 0.01))
     assert record.steps == 30 and record.losses.tolist() == [float(x) for x in np.float32(losses)]
     assert record.status == "running"
-    model.run.report(Phase.DONE)
-    assert record.status == "stopped"  # 30 of the preset's 1,000 steps
+    model.report(rs.PhaseChanged(Phase.DONE))
+    assert record.status == "stopped" and model.run.step == 30  # 30 of the preset's 1,000 steps
     # the checkpoint saved at step 20, loaded: the same run's record, rewound to step 20
     open_run(model, corpus, identity, from_checkpoint=True, path="/tmp/run1.npz", step=20)
     assert model.runs.current is record and model.runs.records == [record] and record.status == "loaded"
     model.report(rs.Losses(list(losses[:20]), 0, float("nan")))  # the checkpoint's history, untimed
     assert record.steps == 20 and not np.isnan(record.step_seconds).any()  # its step times kept
     model.runs.remove([record])
-    assert model.runs.records == [] and model.runs.current is None and runs[-1] == (RunChange.REMOVED, [record])
-    open_run(model, corpus, identity)
+    assert model.runs.records == [] and runs[-1] == (RunChange.REMOVED, [record])
+    model.report(rs.Losses(list(losses[20:25]), 20, 0.005))  # off the list, the run on show still grows
+    assert model.runs.current is record and record.steps == 25
+    open_run(model, corpus, identity)  # the run before ends: let go of, compacted, ended
+    assert runs[-3:-1] == [(RunChange.ENDING, record), (RunChange.ENDED, record)] and record.status == "loaded"
     assert model.runs.current.name == "run 2"  # names stay unique after a removal
 
 

@@ -96,6 +96,7 @@ class AppModel:
         self.build: prebuild.BackgroundBuild | None = None  # a library building for auto's choice
         self.build_message = ""              # the last background build's outcome
         self.run_by_auto = False             # the run on show was opened by auto
+        self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
         self.post: Callable[[Callable[[], None]], None] = lambda call: call()
         self._choose, self._start_build = choose, start_build
         self._choice_key: tuple | None = None
@@ -273,9 +274,27 @@ class AppModel:
         if not (self.backend == AUTO and self.run_by_auto):
             self.select_backend(backend)
 
+    def opening(self, dataset: DatasetIdentity | None, path: str | None) -> None:
+        """The run about to open: its dataset's identity, and its checkpoint's path (None: a new run)."""
+        self._opening = (dataset, path)
+
     def report(self, event: rs.Event) -> None:
-        """A worker's event, after the run model's own handling: the run's record grows;
-        a result (a parameter snapshot, names sampled) goes to whoever shows it."""
+        """A worker's event, before anyone shows it: the run model moves (opened, its step,
+        saved, extended, its phase, as the worker reported it), the settings become an
+        opened run's, the run's record grows; a result (a parameter snapshot, names
+        sampled) goes to whoever shows it."""
+        run = self.run
+        if isinstance(event, rs.Opened):
+            run.opened(event, *self._opening)
+            self.run_opened(event.info.model, event.info.train, event.info.backend)
+        elif isinstance(event, rs.Losses):
+            run.trained_to(event.first_step + len(event.losses))
+        elif isinstance(event, rs.Saved) and not event.autosave:
+            run.saved(event.path, event.step)
+        elif isinstance(event, rs.Extended):
+            run.extended(event.num_steps)
+        elif isinstance(event, rs.PhaseChanged):
+            run.report(event.phase)
         self.runs.report(event)
         if isinstance(event, (rs.SnapshotReady, rs.Samples)):
             self._notify(Change.RESULT, event)

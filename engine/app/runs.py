@@ -6,8 +6,10 @@ loaded into) a run still listed, loaded again, continues that run's record:
 rewound to the checkpoint's step, not listed twice.
 
 Observers (the AppModel passes them on as Change.RUNS) are told
-(RunChange, subject): ADDED, CHANGED and ENDED with a record, REPLACED with
-(old, new), REMOVED with a list of records.
+(RunChange, subject): ADDED, CHANGED, ENDING and ENDED with a record,
+REPLACED with (old, new), REMOVED with a list of records. A run that ends is
+compacted between ENDING (whoever reads its buffers in place, as the loss
+plot does, takes a copy or lets go) and ENDED.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ class RunChange(str, enum.Enum):
     ADDED = "added"
     CHANGED = "changed"      # new steps, held-out points or status
     REPLACED = "replaced"    # (old, new): a reloaded compacted run's fresh record, in its place
-    ENDED = "ended"          # it will not grow again (its record may be compacted)
+    ENDING = "ending"        # it will not grow again and is about to be compacted: let go of its buffers
+    ENDED = "ended"          # compacted (engine.training.records.MAX_POINTS points at most)
     REMOVED = "removed"      # a list of records
 
 
@@ -51,14 +54,16 @@ class RunHistory:
         self._notify(RunChange.CHANGED, record)
 
     def ended(self, record: RunRecord) -> None:
+        """A run that will not grow again: compacted, so that a long session's runs stay small."""
+        self._notify(RunChange.ENDING, record)
+        record.compact()
         self._notify(RunChange.ENDED, record)
 
     def remove(self, records: list[RunRecord]) -> None:
+        """Off the list; the current run's record goes on growing (the plot shows it)."""
         gone = [r for r in records if self.listed(r)]
         if gone:
             self.records = [r for r in self.records if all(r is not g for g in gone)]
-            if any(self.current is g for g in gone):
-                self.current = None
             self._notify(RunChange.REMOVED, gone)
 
     def listed(self, record: RunRecord) -> bool:

@@ -148,3 +148,25 @@ def test_once_the_background_build_is_done_the_next_run_trains_on_it(
     qtbot.waitUntil(lambda: window.state == "done" and window.run.backend == "futhark-c", timeout=WAIT_MS)
     assert window.app.build_status() == "" and "building" not in window.progress_bar.format()
     assert window.status_labels["backend"].text() == "Backend: futhark-c"
+
+
+def test_the_plot_and_the_runs_tab_read_the_losses_from_the_models_record(make_window, names_path, qtbot):
+    import numpy as np
+
+    window = make_window(names_path)
+    window.findChild(QSpinBox, "stepsSpin").setValue(300)
+    assert window.start_run()
+    qtbot.waitUntil(lambda: window.state == "done", timeout=WAIT_MS)
+    record = window.app.runs.current
+    assert record is window.run_list.runs[0] and record.steps == 300 == window.loss_plot.series.n
+    plot = window.loss_plot.series
+    assert plot.source is record and np.shares_memory(plot.losses, record.losses)  # one copy of the losses
+    window.tabs.setCurrentWidget(window.run_list)  # the Runs tab draws its ticked runs when shown
+    qtbot.waitUntil(lambda: id(record) in window.run_list.curves, timeout=WAIT_MS)
+    listed = window.run_list._series[id(record)]
+    assert listed.source is record and np.shares_memory(listed.losses, record.losses)
+    shown = window.loss_plot.data()[1].copy()
+    window.reset()  # the run ends: its record is compacted; the plot, cleared, holds nothing of it
+    qtbot.waitUntil(lambda: window.state == "none", timeout=WAIT_MS)
+    assert window.loss_plot.series.n == 0 and window.loss_plot.series.source is None
+    np.testing.assert_array_equal(record.losses, shown.astype(np.float32))  # 300 steps: every one kept
