@@ -107,6 +107,7 @@ class RunHistory:
             self.add(record)
         elif earlier.block == 1:  # every step kept: rewound by the checkpoint's losses, its step times kept
             earlier.backend, earlier.train, earlier.status = record.backend, record.train, record.status
+            earlier.heldout = [p for p in earlier.heldout if p.step <= info.step]  # rewound to the checkpoint
             record, self._rewinding = earlier, True
             self.current = record
             self.changed(record)
