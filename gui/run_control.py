@@ -4,9 +4,10 @@ stopping, resuming, continuing and ending runs, and the worker's events.
 
 A RunController is given the application model (engine.app.AppModel: the
 dataset, the settings, the backend and the run), the sessions and the widgets
-it drives; it moves the run model by the worker's events and its own starts
-and endings, and reports every event to the application model (the run's
-record; results such as snapshots go from there to the explore tabs).
+it drives. It moves the run model by its own starts and endings, and hands
+every worker event to the application model first (which moves the run
+model, grows the run's record and passes results such as snapshots on to the
+explore tabs), then shows it.
 What Train means comes from the model (pause, resume, continue to the Steps
 setting's total, or a new run with the settings, on the backend selected or
 the one "auto" chose). Anything that would discard an
