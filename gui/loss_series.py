@@ -127,6 +127,9 @@ class GrowingSeries:
     def detach(self) -> None:
         """Keep a copy of the source's losses and let go of it."""
         if self.source is not None:
+            held = len(self.source.losses)
+            if self.n > held:  # the source was rewound since this series last followed it
+                self.truncate(held)
             self._y = np.empty(len(self.x), dtype=np.float64)
             self._y[: self.n] = self.source.losses[: self.n]
             self.source = None

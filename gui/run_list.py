@@ -214,6 +214,9 @@ class RunListPanel(QWidget):
 
     def update_run(self, record: RunRecord) -> None:
         """The record has new steps or a new status: redraw it soon (coalesced)."""
+        series = self._series.get(id(record))
+        if series is not None and series.n > len(record.losses):  # rewound (a checkpoint): its series
+            series.truncate(len(record.losses))                     # never reads past what it holds
         self._dirty.add(id(record))
         if not self._timer.isActive():
             self._timer.start()
