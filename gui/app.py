@@ -21,7 +21,7 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
     errors_before = len(window.messages)
 
     def start(*_):
-        window.config_panel.steps_spin.setValue(steps)
+        window.app.with_steps(steps)  # the Steps field follows the model
         if not window.start_run() and quit_when_done:
             print(f"microgpt-gui: cannot train: {window.messages[-1][2]}", file=sys.stderr)
             app.exit(1)
@@ -49,6 +49,15 @@ def autorun(window: MainWindow, steps: int, quit_when_done: bool) -> None:
         window.messageShown.connect(on_message)
 
 
+def apply_options(window: MainWindow, args: argparse.Namespace) -> None:
+    """--preset and --backend written into the application model (the fields follow it;
+    --data is the window's own argument: it reads that file first)."""
+    if args.preset:
+        window.app.select_preset(args.preset)
+    if args.backend and not window.app.select_backend(args.backend):
+        print(f"microgpt-gui: backend {args.backend!r} is not available here", file=sys.stderr)
+
+
 def run_gui(args: argparse.Namespace) -> int:
     """args: engine.cli.commands.window_args's; the preset and backend are known to be valid here."""
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -64,10 +73,7 @@ def run_gui(args: argparse.Namespace) -> int:
     # hides at once and closes only when the worker has finished
     app.setQuitOnLastWindowClosed(False)
     window.closed.connect(app.quit)
-    if args.preset:
-        window.config_panel.preset_combo.setCurrentText(args.preset)
-    if args.backend and not window.config_panel.select_backend(args.backend):
-        print(f"microgpt-gui: backend {args.backend!r} is not available here", file=sys.stderr)
+    apply_options(window, args)
     window.show()
     if args.autorun_steps:
         autorun(window, args.autorun_steps, args.quit_when_done)

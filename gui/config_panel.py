@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox
                                QLabel, QPushButton, QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 import engine
+from engine.backends.choice import AUTO
 
 MODEL_FIELDS = ("n_embd", "n_layer", "n_head", "block_size")
 LIMITS = engine.config.FIELD_LIMITS  # the engine's ranges: a checkpoint outside them is refused
@@ -20,6 +21,7 @@ AUTO_HOLDOUT = -1  # the Held-out field's "auto": engine.data.split.default_hold
 BATCH_TIP = ("Documents (names) per step: each step trains on the next B of them (padded and masked) with one Adam "
              "update; 1 is microgpt's")
 INVALID_TINT = QColor("#f9d2d7")  # an invalid field's background (the native frame and arrows stay)
+AUTO_TIP = "The fastest backend here for this preset and batch size, from measured speeds"
 
 
 class PathLabel(QLabel):
@@ -72,7 +74,7 @@ class ConfigPanel(QWidget):
     changed = Signal()           # any field changed; configs or validity may differ
     openDatasetRequested = Signal()
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, backends=None):
         super().__init__(parent)
         self._vocab_size: int | None = None
         self._filling = False
@@ -145,7 +147,7 @@ class ConfigPanel(QWidget):
         self.backend_combo = QComboBox(objectName="backendCombo")
         backend_box = QGroupBox("Backend")
         QVBoxLayout(backend_box).addWidget(self.backend_combo)
-        self.refresh_backends()
+        self.refresh_backends(backends)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -161,25 +163,38 @@ class ConfigPanel(QWidget):
         self.apply_preset(self.preset_combo.currentText())
 
     # backends ---------------------------------------------------------------
-    def refresh_backends(self) -> None:
-        """List every registered backend; unavailable ones disabled, their reason as tooltip."""
+    def refresh_backends(self, backends=None) -> None:
+        """The automatic choice first, then every registered backend (`backends`:
+        engine.BackendInfo rows, by default engine.list_backends()); unavailable ones
+        disabled, their reason as tooltip."""
         current = self.backend_name()
         combo = self.backend_combo
         combo.blockSignals(True)
         combo.clear()
-        for info in engine.list_backends():
+        combo.addItem(AUTO, AUTO)
+        combo.setItemData(0, AUTO_TIP, Qt.ToolTipRole)
+        for info in engine.list_backends() if backends is None else backends:
             combo.addItem(info.name if info.available else f"{info.name} (unavailable)", info.name)
             index = combo.count() - 1
             combo.setItemData(index, info.reason, Qt.ToolTipRole)
             combo.model().item(index).setEnabled(info.available)
         combo.blockSignals(False)
-        self.select_backend(current or "numpy")
+        self.select_backend(current or AUTO)
+
+    def set_auto_text(self, label: str, tip: str) -> None:
+        """The automatic entry's text ("auto: futhark-multicore") and why it chose so."""
+        if self.backend_combo.itemText(0) != label:
+            self.backend_combo.setItemText(0, label)
+        self.backend_combo.setItemData(0, f"{AUTO_TIP}. {tip}" if tip else AUTO_TIP, Qt.ToolTipRole)
+        if self.backend_combo.currentIndex() == 0:
+            self.backend_combo.setToolTip(self.backend_combo.itemData(0, Qt.ToolTipRole))
 
     def backend_name(self) -> str | None:
+        """The selected backend's name, or AUTO."""
         return self.backend_combo.currentData()
 
     def select_backend(self, name: str) -> bool:
-        """Select an available backend by name (else the first available one)."""
+        """Select AUTO or an available backend by name (else the first available one)."""
         combo = self.backend_combo
         enabled = [i for i in range(combo.count()) if combo.model().item(i).isEnabled()]
         chosen = next((i for i in enabled if combo.itemData(i) == name), enabled[0] if enabled else -1)
@@ -307,5 +322,5 @@ class ConfigPanel(QWidget):
                         pass  # a hand-edited settings file: keep the preset's value
         finally:
             self._filling = False
-        self.select_backend(str(settings.value("backend", "numpy")))
+        self.select_backend(str(settings.value("backend", AUTO)))  # a first start: the automatic choice
         self._on_changed()

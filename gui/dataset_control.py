@@ -1,7 +1,10 @@
 """The dataset: opening one (read off the GUI thread, then, after the save
 question, it replaces the run), the packaged names.txt on first use, and the
 Dataset box, which always shows the run's own dataset: a checkpoint's,
-by name and document count, when it is not the open file.
+by name and document count, when it is not the open file. What the dataset
+is (the file in use, a file being read, why a read failed) is the
+application model's (engine.app.AppModel.dataset); this controller reads
+files and writes the model.
 """
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 
 import engine
-from engine.training.run_model import DatasetIdentity, Phase, RunModel
+from engine.app import AppModel, Change
+from engine.training.run_model import DatasetIdentity, Phase
 
 from .background import Background
 from .config_panel import ConfigPanel
@@ -34,22 +38,30 @@ def describe(dataset: DatasetIdentity) -> str:
 class DatasetController(QObject):
     changed = Signal(str)  # path of the dataset now in use
 
-    def __init__(self, parent: QObject, run: RunModel, runs: RunController, config_panel: ConfigPanel,
+    def __init__(self, parent: QObject, app: AppModel, runs: RunController, config_panel: ConfigPanel,
                  loss_plot: LossPlot, notify, ask_open_path: Callable[..., str]):
         super().__init__(parent)
-        self.run, self.runs, self.panel, self.loss_plot = run, runs, config_panel, loss_plot
+        self.app, self.run, self.runs, self.panel, self.loss_plot = app, app.run, runs, config_panel, loss_plot
         self.notify, self._ask_open_path = notify, ask_open_path
-        self.corpus: engine.Corpus | None = None
-        self.identity: DatasetIdentity | None = None
-        self.path: str | None = None
         self._read = Background(self, "read-dataset", newest_wins=True)  # the latest Open dataset, until it reports
-        run.subscribe(lambda model, what: self.show_info() if what in ("run", "phase") else None)
-        config_panel.changed.connect(self.show_info)
-        runs.reading_problem = lambda: "reading the dataset..." if self.reading else ""
+        self.run.subscribe(lambda model, what: self.show_info() if what in ("run", "phase") else None)
+        app.subscribe(lambda model, change, subject: change in (Change.SETTINGS, Change.DATASET) and self.show_info())
+
+    @property
+    def corpus(self) -> engine.Corpus | None:
+        return self.app.dataset.corpus
+
+    @property
+    def identity(self) -> DatasetIdentity | None:
+        return self.app.dataset.identity
+
+    @property
+    def path(self) -> str | None:
+        return self.app.dataset.path
 
     @property
     def reading(self) -> bool:
-        return self._read.busy
+        return self.app.dataset.reading is not None
 
     def open(self, path: str | None = None) -> bool:
         """Start reading a dataset (off the GUI thread); True when a read started.
@@ -62,33 +74,29 @@ class DatasetController(QObject):
         self._read.start(read_corpus, path, on_done=lambda result: self._on_read(path, *result),
                          on_failed=lambda exc: self._on_failed(path, exc))
         self.panel.dataset_info.setText(f"Reading {Path(path).name}...")
-        self.runs.update_actions()
+        self.app.begin_reading(path)
         return True
 
     def forget_read(self) -> None:
         """Closing: a read still going is dropped when it reports."""
         self._read.cancel()
+        self.app.reading_ended()
 
     def _on_read(self, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
+        self.app.reading_ended()
         self.runs.guard.confirm(f"Opening {Path(path).name}", lambda: self._use(path, corpus, identity))
-        self.show_info()
-        self.runs.update_actions()
 
     def _use(self, path: str, corpus: engine.Corpus, identity: DatasetIdentity) -> None:
         self.runs.discard()  # a run belongs to its dataset
-        self.corpus, self.identity, self.path = corpus, identity, path
         self.panel.set_dataset_path(path)
-        self.panel.set_vocab_size(corpus.vocab_size)
         self.loss_plot.set_vocab_size(corpus.vocab_size)
-        self.show_info()
+        self.app.use_dataset(path, corpus, identity)  # the vocabulary reaches the fields through the model
         self.notify.status(f"Dataset {Path(path).name}: {len(corpus):,} documents", 10000)
-        self.runs.update_actions()
         self.changed.emit(path)
 
     def _on_failed(self, path: str, exc: Exception) -> None:
         message = str(exc) if isinstance(exc, engine.DatasetError) else f"cannot read {path}: {exc}"
-        self.show_info()
-        self.runs.update_actions()
+        self.app.reading_failed(path, message)
         self.notify.show_message("error", "Cannot use this dataset", message)
 
     def checkpoint_identity(self, checkpoint, path: str) -> DatasetIdentity:
@@ -109,10 +117,8 @@ class DatasetController(QObject):
         elif self.corpus is not None:
             c = self.corpus
             text = f"{len(c):,} documents, vocabulary {c.vocab_size} ({''.join(c.chars)} + end)"
-            try:
-                note = c.truncation_note(self.panel.model_config().block_size)
-            except ValueError:  # no valid block_size yet; the config panel says why
-                note = ""
+            model = self.app.settings.model  # None: no valid block_size yet; the config panel says why
+            note = c.truncation_note(model.block_size) if model is not None else ""
             text += f". Note: {note}." if note else ""
         else:
             text = " "

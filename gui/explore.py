@@ -2,26 +2,24 @@
 attention, the character map and the run list, beside the Training tab;
 Tools > Scaling study.
 
-An ExploreController is given the run model, a way to send commands to the
-run's worker and the widgets it uses. The panels compute from parameter
-snapshots the worker sends while one of them is on screen (one InspectHub
-holds the newest); the run list keeps an engine.training.records.RunRecord per run of
-the session, filled as the losses arrive, with its dataset. A checkpoint
-saved from (or loaded into) a run of the list, loaded again, continues that
-run's row: rewound to the checkpoint's step, not listed twice.
+An ExploreController is given the application model (engine.app.AppModel),
+a way to send commands to the run's worker and the widgets it uses. The
+panels compute from parameter snapshots the worker sends while one of them is
+on screen (one InspectHub holds the newest; the model passes them on as
+results); the Runs tab shows the model's runs (engine.app.runs.RunHistory:
+one engine.training.records.RunRecord per run of the session, a sweep's
+trials included), and Remove there removes them from the model.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import replace
 from typing import Callable
-
-import numpy as np
 
 from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QTabWidget, QWidget
 
+from engine.app import AppModel, Change
+from engine.app.runs import RunChange
 from engine.training import protocol as rs
 from engine.training.run_model import Phase, RunModel
 from engine.training.records import RunRecord
@@ -40,11 +38,11 @@ TAB_SHORTCUTS = "Ctrl+1 Ctrl+2 Ctrl+3 Ctrl+4 Ctrl+5 Ctrl+6".split()
 
 
 class ExploreController(QObject):
-    def __init__(self, host: QMainWindow, run: RunModel, send: Callable[[rs.Command], bool],
+    def __init__(self, host: QMainWindow, app: AppModel, send: Callable[[rs.Command], bool],
                  training_page: QWidget, loss_plot: LossPlot, sample_panel: SamplePanel,
                  notify, dataset_path: Callable[[], str | None], worker_step: Callable[[], int]):
         super().__init__(host)
-        self._host, self.run, self._send, self.notify = host, run, send, notify
+        self._host, self.app, self.run, self._send, self.notify = host, app, app.run, send, notify
         self._dataset_path, self._worker_step = dataset_path, worker_step
         self.inspect_hub = InspectHub(host)
         self.next_char_panel = NextCharPanel(self.inspect_hub)
@@ -52,9 +50,6 @@ class ExploreController(QObject):
         self.char_map_panel = CharMapPanel(self.inspect_hub)
         self.run_list = RunListPanel(smoothing=loss_plot.smoothing)
         self.sweep_panel = SweepPanel()
-        self.run_record: RunRecord | None = None  # the current run's, in run_list.runs
-        self._record_of_path: dict[str, RunRecord] = {}  # checkpoints saved or loaded -> their run's record
-        self._rewinding = False  # a reloaded run's record: the checkpoint's losses rewind it
         self.scaling_dialog: ScalingStudyDialog | None = None
         self._scaling_data_path: str | None = None
 
@@ -75,7 +70,9 @@ class ExploreController(QObject):
         sample_panel.samples_list.setToolTip("Generated names (double-click: show its attention)")
         loss_plot.smoothingChanged.connect(self.run_list.set_smoothing)
         self._connect_sweeps()
-        run.subscribe(self._on_model)
+        app.run.subscribe(self._on_model)
+        app.subscribe(self._on_app)
+        self.run_list.runsRemoved.connect(app.runs.remove)  # Remove in the Runs tab: the model forgets them
 
     def build_menus(self) -> None:
         host = self._host
@@ -129,114 +126,53 @@ class ExploreController(QObject):
         if wanted and self.run.has_model and (snapshot is None or snapshot.step != self._worker_step()):
             self._send(rs.TakeSnapshot())
 
-    # the worker's events and the model's changes ------------------------------------
-    def on_event(self, event: rs.Event) -> None:
-        if isinstance(event, rs.Opened):
-            self._add_record(event)
-        elif isinstance(event, rs.Losses) and self.run_record is not None:
-            self._extend_record(event)
-            self.run_list.update_run(self.run_record)
-        elif isinstance(event, rs.Saved) and self.run_record is not None:
-            self._record_of_path[event.path] = self.run_record
-        elif isinstance(event, rs.Heldout) and self.run_record is not None:
-            self.run_record.add_heldout(event.points, event.replacing)
-            self.run_list.update_run(self.run_record)
-        elif isinstance(event, rs.SnapshotReady):
-            self.inspect_hub.set_snapshot(event.snapshot)
-        elif isinstance(event, rs.Samples) and event.prefix is not None:
-            self.next_char_panel.show_samples(event.names, event.step)
-        elif isinstance(event, rs.Diverged):
-            self._set_status("diverged")
-        elif isinstance(event, rs.Extended) and self.run_record is not None:
-            self.run_record.train = replace(self.run.train, holdout=self.run_record.train.holdout)
-            self._record_phase(self.run.phase)
+    # the model's changes ------------------------------------------------------------
+    def _on_app(self, app: AppModel, change: Change, subject) -> None:
+        if change == Change.RUNS:
+            self._on_runs(*subject)
+        elif change == Change.RESULT:
+            if isinstance(subject, rs.SnapshotReady):
+                self.inspect_hub.set_snapshot(subject.snapshot)
+            elif isinstance(subject, rs.Samples) and subject.prefix is not None:
+                self.next_char_panel.show_samples(subject.names, subject.step)
 
-    def _add_record(self, event: rs.Opened) -> None:
-        info, dataset = event.info, self.run.dataset
-        train = replace(info.train, holdout=info.holdout)  # the count (auto resolved): runs compare by it
-        path = self.run.saved_path if event.from_checkpoint else None
-        earlier = self._listed_run_of(path, info, dataset)
-        record = RunRecord(earlier.name if earlier else f"run {self.run_list.count + 1}", info.backend, info.model,
-                           train, status="loaded" if event.from_checkpoint else "running",
-                           dataset=earlier.dataset if earlier else dataset.name if dataset else "",
-                           dataset_hash=dataset.content_hash if dataset else "")
-        self._rewinding = False
-        if earlier is None:
-            self.run_list.add_run(record)
-        elif earlier.block == 1:  # every step kept: rewound by the checkpoint's losses, its step times kept
-            earlier.backend, earlier.train, earlier.status = record.backend, record.train, record.status
-            record, self._rewinding = earlier, True
-            self.run_list.update_run(record)
-        else:  # compacted (an ended long run): the checkpoint's history replaces it, in its row
-            self.run_list.replace_run(earlier, record)
-        self.run_record = record
-        if path:
-            self._record_of_path[path] = record
-        self.update_snapshot_wish()
+    def _on_runs(self, change: RunChange, subject) -> None:
+        """The Runs tab follows the model's list of runs."""
+        run_list = self.run_list
+        if change == RunChange.ADDED:
+            run_list.add_run(subject)
+        elif change == RunChange.CHANGED:
+            run_list.update_run(subject)
+        elif change == RunChange.REPLACED:
+            run_list.replace_run(*subject)
+        elif change == RunChange.ENDING:
+            run_list.let_go(subject)
+        elif change == RunChange.ENDED:
+            run_list.run_ended(subject)
+        elif change == RunChange.REMOVED:
+            run_list.remove_runs(subject)
 
-    def _listed_run_of(self, path: str | None, info: rs.RunInfo, dataset) -> RunRecord | None:
-        """The run in the list that the checkpoint at `path` was saved from or loaded
-        into, if it is still listed and is that network on that dataset."""
-        record = self._record_of_path.get(path) if path else None
-        if record is None or not self.run_list.listed(record):
-            return None
-        same_data = dataset is None or not record.dataset_hash or record.dataset_hash == dataset.content_hash
-        return record if record.model == info.model and same_data else None
-
-    def _extend_record(self, event: rs.Losses) -> None:
-        """The run's record extended; a reloaded run's first losses (the checkpoint's
-        history, untimed) rewind its record to the checkpoint's step when they are the
-        steps it holds, keeping their times."""
-        record, n = self.run_record, len(event.losses)
-        if self._rewinding and event.first_step == 0 and math.isnan(event.seconds):
-            self._rewinding = False
-            if record.steps >= n and np.array_equal(record.losses[:n], np.asarray(event.losses, np.float32)):
-                record.extend([], n)
-                return
-        record.extend(event.losses, event.first_step, event.seconds)  # NaN stays NaN per step
+    @property
+    def run_record(self) -> RunRecord | None:
+        """The current run's record (the model's)."""
+        return self.app.runs.current
 
     def _on_model(self, run: RunModel, what: str) -> None:
+        if what == "run":
+            self.update_snapshot_wish()  # a run opened: snapshots of it wanted or not
         if what != "phase":
             return
         if run.phase == Phase.OPENING:
             self.update_snapshot_wish()  # a new worker: tell it whether snapshots are wanted
         elif run.phase in (Phase.STOPPING, Phase.NONE):
-            self._forget_model()
-        else:
-            self._record_phase(run.phase)
-
-    def _record_phase(self, phase: Phase) -> None:
-        record = self.run_record
-        if record is None:
-            return
-        if phase == Phase.RUNNING:
-            record.status = "running"
-        elif phase != Phase.PAUSED and record.status == "running":
-            record.status = "finished" if record.steps >= record.train.num_steps else "stopped"
-        self.run_list.update_run(record)
-
-    def _set_status(self, status: str) -> None:
-        """The worker reports divergence just after it has stopped the run."""
-        record = self.run_record
-        if record is not None and record.status in ("running", "stopped"):
-            record.status = status
-            self.run_list.update_run(record)
-
-    def _forget_model(self) -> None:
-        """Reset or a new run: the panels forget the old model; its record stays in the list
-        (its curves made small)."""
-        record, self.run_record = self.run_record, None
-        if record is not None:
-            self._record_phase(Phase.NONE)
-            self.run_list.run_ended(record)
-        self.inspect_hub.set_snapshot(None)
+            self.inspect_hub.set_snapshot(None)  # Reset or a new run: the panels forget the old model
 
     def _connect_sweeps(self) -> None:
         """A sweep's trials are runs of the Runs tab; Load trial loads one into the window."""
         sweeps = self.sweep_panel
-        sweeps.runAdded.connect(self.run_list.add_run)
-        sweeps.runChanged.connect(self.run_list.update_run)
-        sweeps.runEnded.connect(self.run_list.run_ended)
+        sweeps.runAdded.connect(self.app.runs.add)
+        sweeps.runChanged.connect(self.app.runs.changed)
+        sweeps.runEnded.connect(self.app.runs.ended)
         sweeps.loadRequested.connect(self._host.load_checkpoint)
         sweeps.messageShown.connect(lambda kind, title, text: self.notify.show_message(kind, title, text))
 

@@ -18,6 +18,7 @@ from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow
 
 import engine
+from engine.app import AppModel, Change
 from engine.training import protocol as rs
 from engine.training.records import write_loss_csv
 
@@ -44,14 +45,13 @@ def read_checkpoint(path: str):
 class FileController(QObject):
     exported = Signal(str)  # path of a file export_csv wrote
 
-    def __init__(self, host: QMainWindow, runs: RunController, datasets: DatasetController, loss_plot: LossPlot,
-                 notify, backend_name: Callable[[], str | None], ask_open_path: Callable[..., str]):
+    def __init__(self, host: QMainWindow, app: AppModel, runs: RunController, datasets: DatasetController,
+                 loss_plot: LossPlot, notify, ask_open_path: Callable[..., str]):
         super().__init__(host)
         self._host, self.runs, self.datasets, self.loss_plot, self.notify = host, runs, datasets, loss_plot, notify
-        self._backend_name, self._ask_open_path = backend_name, ask_open_path
-        # the latest Load checkpoint, until it reports
-        self._checkpoint_read = Background(self, "read-checkpoint", newest_wins=True)
-        runs.on_discard.append(self.forget_reads)
+        self.app, self._ask_open_path = app, ask_open_path
+        self._checkpoint_read = Background(self, "read-checkpoint", newest_wins=True)  # the latest Load checkpoint, until it reports
+        app.subscribe(lambda model, change, subject: change == Change.DISCARD and self.forget_reads())
 
     def build_file_menu(self) -> None:
         host = self._host
@@ -113,7 +113,7 @@ class FileController(QObject):
     def show_about(self) -> None:
         run = self.runs.run
         self.notify.show_message("info", "About microgpt-gui",
-                                 about_html(run.backend if run.has_model else self._backend_name()))
+                                 about_html(run.backend if run.has_model else self.app.backend_label()))
 
     # checkpoints --------------------------------------------------------------
     def save_checkpoint(self, path: str | None = None) -> None:
@@ -148,9 +148,14 @@ class FileController(QObject):
         self._checkpoint_read.cancel()
 
     def _on_checkpoint_read(self, path: str, checkpoint) -> None:
-        spec = rs.RunSpec(self._backend_name(), checkpoint=checkpoint, autostart=False)
         identity = self.datasets.checkpoint_identity(checkpoint, path)
-        self.runs.guard.confirm(f"Loading {Path(path).name}", lambda: self.runs.open_run(spec, identity, path))
+        self.runs.guard.confirm(f"Loading {Path(path).name}", lambda: self._open_checkpoint(checkpoint, identity, path))
+
+    def _open_checkpoint(self, checkpoint, identity, path: str) -> None:
+        spec, lines = self.app.checkpoint_run(checkpoint)  # the backend selected, or auto's for its model
+        self.runs.open_run(spec, identity, path)
+        if lines[1:]:
+            self.notify.status(" ".join(lines[1:]), 0)
 
     def _on_checkpoint_failed(self, path: str, exc: Exception) -> None:
         if isinstance(exc, engine.CheckpointError):

@@ -4,8 +4,9 @@ own curve with markers (one per evaluation), a dashed line at ln(vocab) (the
 loss of guessing uniformly), an x axis of steps, names seen or training time
 (gui/plot_axes.py), a log-y toggle and a hover read-out.
 
-The curve data is a display copy of the worker's losses in growing numpy
-buffers (amortized doubling, gui/loss_series.py); redraws are throttled, and
+The curve's losses are the run's record's (the application model's copy,
+engine.app.runs); the plot keeps the steps and the smoothed curve in growing
+numpy buffers (amortized doubling, gui/loss_series.py); redraws are throttled, and
 pyqtgraph clips to the view and downsamples, so a million points stay smooth.
 A new smoothing weight is applied off the GUI thread once the run is long
 (loss_series.Resmoother), so the slider costs the window the same at any
@@ -43,7 +44,7 @@ class LossPlot(QWidget):
         self.redraws = 0  # counted for the responsiveness probe
         self._vocab_size = 0
         self.clock = StepClock()  # each step's training time, for the time axis
-        self.heldout: list = []   # engine.training.heldout.HeldoutPoint, by step
+        self._heldout: list = []  # engine.training.heldout.HeldoutPoint, by step (with no record shown)
         self.batch_size, self.train_docs, self._num_steps = 1, 0, 0
 
         self.plot = plot_widget("lossPlot", "")
@@ -123,14 +124,34 @@ class LossPlot(QWidget):
         self.clock.extend(first_step, len(losses), seconds)
         self._schedule()
 
+    def show_run(self, record) -> None:
+        """The losses to come are `record`'s (engine.training.records.RunRecord, the
+        application model's copy): the plot reads them there, keeping only its
+        steps and smoothed curve (called on a cleared plot, as a run opens)."""
+        self.series = GrowingSeries(self.smoothing, source=record)
+        self._show_heldout_in_legend()
+
+    def let_go(self, record) -> None:
+        """`record` is about to be compacted (its run ended): keep a copy of what is shown."""
+        if self.series.source is record:
+            self._heldout = list(record.heldout)
+            self.series.detach()
+
+    @property
+    def heldout(self) -> list:
+        """The held-out points shown: the record's, or the plot's own."""
+        return self.series.source.heldout if self.series.source is not None else self._heldout
+
     def add_heldout(self, points, replacing: bool = False) -> None:
-        """Held-out evaluations (HeldoutPoints); replacing: the run's whole history."""
-        if replacing:
-            self.heldout = []
-        for point in points:
-            while self.heldout and self.heldout[-1].step >= point.step:  # rewound: a new history
-                self.heldout.pop()
-            self.heldout.append(point)
+        """Held-out evaluations (HeldoutPoints); replacing: the run's whole history. With
+        a record shown, it holds them already (the model took the event first)."""
+        if self.series.source is None:
+            if replacing:
+                self._heldout = []
+            for point in points:
+                while self._heldout and self._heldout[-1].step >= point.step:  # rewound: a new history
+                    self._heldout.pop()
+                self._heldout.append(point)
         self._show_heldout_in_legend()
         self._schedule()
 
@@ -142,7 +163,7 @@ class LossPlot(QWidget):
     def clear(self) -> None:
         self.series = GrowingSeries(self.smoothing)
         self.clock = StepClock()
-        self.heldout = []
+        self._heldout = []
         self._num_steps = 0
         self.set_run(1, 0)  # no run: no epoch on the names axis
         self._show_heldout_in_legend()

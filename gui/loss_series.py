@@ -101,19 +101,41 @@ def debias(biased: np.ndarray, weight: float, start: int) -> np.ndarray:
 
 
 class GrowingSeries:
-    """Steps (from 1), losses and their EMA at `weight`, in buffers that double when full."""
+    """Steps (from 1), losses and their EMA at `weight`, in buffers that double when full.
 
-    def __init__(self, weight: float = 0.0):
+    With a `source` (an engine.training.records.RunRecord, the application model's
+    copy of a run's losses), the losses are the source's, read where they are: the
+    series keeps only the steps and the EMA, and its owner extends it after the
+    source has the values (the run's record grows first). detach() takes a copy of
+    them (the record is about to be compacted)."""
+
+    def __init__(self, weight: float = 0.0, source=None):
         self.weight = float(weight)
         self.n = 0
         self.epoch = 0  # counts rewinds: a resmooth computed before one is stale
+        self.source = source
         self.x = np.empty(1024, dtype=np.float64)  # x[i] == i + 1: filled once, not per redraw
-        self.y = np.empty(1024, dtype=np.float64)
+        self._y = np.empty(1024, dtype=np.float64) if source is None else None
         self.smooth = np.empty(1024, dtype=np.float64)
         self._carry = 0.0  # the biased EMA at the last value
 
+    @property
+    def y(self) -> np.ndarray:
+        """The losses: this series' own buffer, or its source's (its first n are this series')."""
+        return self._y if self.source is None else self.source.losses
+
+    def detach(self) -> None:
+        """Keep a copy of the source's losses and let go of it."""
+        if self.source is not None:
+            held = len(self.source.losses)
+            if self.n > held:  # the source was rewound since this series last followed it
+                self.truncate(held)
+            self._y = np.empty(len(self.x), dtype=np.float64)
+            self._y[: self.n] = self.source.losses[: self.n]
+            self.source = None
+
     def _reserve(self, n: int) -> None:
-        for name in ("x", "y", "smooth"):
+        for name in ("x", "smooth") if self.source is not None else ("x", "_y", "smooth"):
             setattr(self, name, grown(getattr(self, name), n, self.n))
 
     def extend(self, losses: np.ndarray, first: int) -> None:
@@ -123,7 +145,8 @@ class GrowingSeries:
         end = first + len(losses)
         self._reserve(end)
         self.x[first:end] = np.arange(first + 1, end + 1)
-        self.y[first:end] = losses
+        if self.source is None:
+            self._y[first:end] = losses
         self.smooth[first:end], self._carry = ema(losses, self.weight, self._carry, first)
         self.n = end
 

@@ -1,9 +1,11 @@
 """The main window: settings on the left, the live loss plot and the samples
-on the right, controls, progress and status bar. It holds the run model
-(engine.training.run_model.RunModel) and the controllers that observe it, each given what it
-uses: gui.run_control (runs and the worker's events), gui.dataset_control
-(the dataset), gui.file_actions (files and the File and Help menus) and
-gui.explore (the explore tabs). The run's state (step, losses, parameters)
+on the right, controls, progress and status bar. It holds the application
+model (engine.app.AppModel: dataset, settings, backend choice and the run's
+model, engine.training.run_model.RunModel) and the controllers that observe
+it and send it commands, each given what it uses: gui.settings_control (the
+settings column), gui.run_control (runs and the worker's events),
+gui.dataset_control (the dataset), gui.file_actions (files and the File and
+Help menus) and gui.explore (the explore tabs). The run's state (step, losses, parameters)
 stays with the worker's backend; the window keeps only what it displays.
 
 Closing asks the save question first when a trained model would be lost;
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (QFileDialog, QGridLayout, QLabel, QMainWindow, QP
                                QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 import engine
+from engine.app import AppModel
 from engine.training.run_model import Phase, RunModel
 
 from . import sessions as sessions_module
@@ -40,6 +43,7 @@ from .plot_axes import epoch_text, names_seen
 from .run_control import Notifier, RunController, RunWidgets
 from .sample_panel import SamplePanel
 from .sessions import Sessions, exit_now, shorten_gil_switch_interval
+from .settings_control import SettingsController
 
 ORGANIZATION, APPLICATION = "microgpt-gui", "microgpt-gui"
 SETTINGS_ENV = "MICROGPT_GUI_SETTINGS"  # an .ini path that replaces the user's settings
@@ -70,7 +74,8 @@ class MainWindow(QMainWindow):
         shorten_gil_switch_interval()  # datasets are read, runs trained, in other threads
         self.setWindowTitle("microgpt-gui")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.svg")))
-        self.run = RunModel()
+        self.app = AppModel()
+        self.run = self.app.run
         self.sessions = Sessions(self)
         self.messages: list[tuple[str, str, str]] = []  # (kind, title, text), newest last
         self.message_hook = show_message_box             # replaceable, e.g. by tests
@@ -99,7 +104,7 @@ class MainWindow(QMainWindow):
 
     # layout -----------------------------------------------------------------
     def _build_ui(self) -> None:
-        self.config_panel = ConfigPanel()
+        self.config_panel = ConfigPanel(backends=self.app.backends)
         self.train_button = QPushButton("Train", objectName="trainButton")
         self.stop_button = QPushButton("Stop", objectName="stopButton")
         self.reset_button = QPushButton("Reset", objectName="resetButton")
@@ -140,7 +145,7 @@ class MainWindow(QMainWindow):
         for label in self.status_labels.values():
             self.statusBar().addPermanentWidget(label)
 
-        self.config_panel.changed.connect(self._update_status)
+        self.app.subscribe(lambda app, change, subject: self._update_status())  # settings, backend, dataset
         self.config_panel.openDatasetRequested.connect(self.open_dataset)
         # the smoothed loss shown follows the redraw that a new smoothing ends in, not the slider
         self.loss_plot.redrawn.connect(self._update_status)
@@ -150,15 +155,14 @@ class MainWindow(QMainWindow):
         widgets = RunWidgets(self.config_panel, self.train_button, self.stop_button, self.reset_button,
                              self.progress_bar, self.loss_plot, self.sample_panel)
         ask_save_path = lambda: self.files.ask_save_path()  # noqa: E731  (files is made below)
-        self.runs = RunController(self, self.run, self.sessions, widgets, notify,
-                                  lambda: (self.datasets.corpus, self.datasets.identity), ask_save_path)
-        self.datasets = DatasetController(self, self.run, self.runs, self.config_panel, self.loss_plot,
+        self.settings_control = SettingsController(self, self.app, self.config_panel, notify)
+        self.runs = RunController(self, self.app, self.sessions, widgets, notify, ask_save_path)
+        self.datasets = DatasetController(self, self.app, self.runs, self.config_panel, self.loss_plot,
                                           notify, self._ask_open_path)
         self.datasets.changed.connect(self.datasetChanged)
-        self.explore = ExploreController(self, self.run, self.runs.send, self._training_page, self.loss_plot,
-                                         self.sample_panel, notify, lambda: self.datasets.path,
+        self.explore = ExploreController(self, self.app, self.runs.send, self._training_page, self.loss_plot,
+                                         self.sample_panel, notify, lambda: self.app.dataset.path,
                                          lambda: self.session.worker.step if self.session else 0)
-        self.runs.listeners.append(self.explore.on_event)
         x = self.explore  # its widgets, by the window's names for them
         self.tabs, self.run_list, self.inspect_hub = x.tabs, x.run_list, x.inspect_hub
         self.next_char_panel, self.attention_panel, self.char_map_panel = (
@@ -167,8 +171,8 @@ class MainWindow(QMainWindow):
             self.datasets.identity.content_hash))
         self._splitter.addWidget(self.explore.tabs)
         self._splitter.setStretchFactor(1, 1)
-        self.files = FileController(self, self.runs, self.datasets, self.loss_plot, notify,
-                                    self.config_panel.backend_name, self._ask_open_path)
+        self.files = FileController(self, self.app, self.runs, self.datasets, self.loss_plot, notify,
+                                    self._ask_open_path)
         self.files.exported.connect(self.exported)
         self.files.build_file_menu()
         self.save_action = self.files.save_action
@@ -373,9 +377,10 @@ class MainWindow(QMainWindow):
     def _update_status(self, *_) -> None:
         run, labels = self.run, self.status_labels
         has_run = run.train is not None and run.phase != Phase.OPENING
-        labels["backend"].setText(f"Backend: {run.backend if has_run else self.config_panel.backend_name()}")
+        labels["backend"].setText(f"Backend: {run.backend if has_run else self.app.backend_label()}")
+        settings, vocab = self.app.settings, self.app.vocab_size
         params = (run.model.num_params(run.dataset.vocab_size) if has_run and run.dataset
-                  else self.config_panel.num_params())
+                  else settings.model.num_params(vocab) if settings.model is not None and vocab else None)
         labels["params"].setText(f"Params: {params:,}" if params else "Params: -")
         labels["step"].setText(f"Step {self.loss_plot.series.n:,} / {run.train.num_steps:,}" if has_run
                                else "Step -")

@@ -2,11 +2,15 @@
 Stop, Reset and Sample buttons only mirror them), starting, pausing,
 stopping, resuming, continuing and ending runs, and the worker's events.
 
-A RunController is given the run model (engine.training.run_model.RunModel), the sessions
-and the widgets it drives; it moves the model by the worker's events and its
-own starts and endings, and passes every event on to its listeners (the
-explore tabs). What Train means comes from the model (pause, resume, continue
-to the Steps box's total, or a new run). Anything that would discard an
+A RunController is given the application model (engine.app.AppModel: the
+dataset, the settings, the backend and the run), the sessions and the widgets
+it drives. It moves the run model by its own starts and endings, and hands
+every worker event to the application model first (which moves the run
+model, grows the run's record and passes results such as snapshots on to the
+explore tabs), then shows it.
+What Train means comes from the model (pause, resume, continue to the Steps
+setting's total, or a new run with the settings, on the backend selected or
+the one "auto" chose). Anything that would discard an
 unsaved model goes through the SaveGuard's question first.
 
 Nothing here waits for the worker. Ending a run (Reset, Train a new run, Load
@@ -24,8 +28,10 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QProgressBar, QPushButton
 
 import engine
+from engine.app import AppModel, Change
+from engine.app.runs import RunChange
 from engine.training import protocol as rs
-from engine.training.run_model import ACTIVE, DatasetIdentity, Phase, RunModel, TrainChoice
+from engine.training.run_model import ACTIVE, DatasetIdentity, Phase, TrainChoice
 from engine.training.records import preset_name
 
 from .config_panel import ConfigPanel
@@ -81,27 +87,22 @@ class Notifier:
 
 
 class RunController(QObject):
-    def __init__(self, host: QMainWindow, run: RunModel, sessions: Sessions, widgets: RunWidgets,
-                 notify: Notifier, dataset: Callable[[], tuple[engine.Corpus | None, DatasetIdentity | None]],
-                 ask_save_path: Callable[[], str]):
+    def __init__(self, host: QMainWindow, app: AppModel, sessions: Sessions, widgets: RunWidgets,
+                 notify: Notifier, ask_save_path: Callable[[], str]):
         super().__init__(host)
-        self.run, self.sessions, self.w, self.notify = run, sessions, widgets, notify
-        self._dataset = dataset  # () -> the open corpus and its identity
-        self.listeners: list[Callable[[rs.Event], None]] = []  # every worker event, after the model's
-        self.on_discard: list[Callable[[], None]] = []  # the run is being cleared (Reset, a new run)
+        self.app, self.run, self.sessions, self.w, self.notify = app, app.run, sessions, widgets, notify
+        run = app.run
         self.guard = SaveGuard(host, run, self.send, ask_save_path)
         self.autosaver = Autosaver(self, run, lambda: self.session.worker if self.session else None)
         self._after_ending: Callable | None = None  # what to do once every ended worker has finished
-        self._opening: tuple[DatasetIdentity | None, str | None] = (None, None)  # the run being opened
-        self.reading_problem: Callable[[], str] = lambda: ""
         self._warned = False        # engine.loss_warning shown for this run
         self._told_after_end = False  # a checkpoint's outcome shown while the run was stopping
         self._stop_asked = False      # Stop sent, the worker has not stopped yet
-        self.progress = ProgressView(self, widgets.progress_bar, run, sessions)
+        self.progress = ProgressView(self, widgets.progress_bar, run, sessions, note=app.build_status)
         sessions.allEnded.connect(self._on_sessions_ended)
         run.subscribe(self._on_model)
         widgets.loss_plot.redrawn.connect(self._on_redrawn)
-        widgets.config_panel.changed.connect(self.update_actions)
+        app.subscribe(self._on_app)
         self._host = host
 
     def build_menu(self) -> None:
@@ -153,7 +154,7 @@ class RunController(QObject):
         elif choice == TrainChoice.RESUME:
             self.send(rs.Resume())
         elif choice == TrainChoice.CONTINUE:
-            self.continue_to(self.w.config_panel.train_config().num_steps)
+            self.continue_to(self.app.settings.train.num_steps)
         elif choice == TrainChoice.NEW:
             self.start_run()
 
@@ -171,11 +172,15 @@ class RunController(QObject):
         if problem:
             self.notify.show_message("warning", "Cannot train", problem)
             return False
-        cp = self.w.config_panel
-        corpus, identity = self._dataset()
-        spec = rs.RunSpec(cp.backend_name(), corpus, cp.model_config(), cp.train_config())
-        self.guard.confirm("Training a new run", lambda: self.open_run(spec, identity, None))
+        self.guard.confirm("Training a new run", self._open_new_run)
         return True
+
+    def _open_new_run(self) -> None:
+        identity = self.app.dataset.identity
+        spec, lines = self.app.new_run()  # auto: its choice, a build started, what trains meanwhile
+        self.open_run(spec, identity, None)
+        if lines:
+            self.notify.status(" ".join(lines[1:]) or lines[0], 0)
 
     def stop(self) -> None:
         """Stop after the call in progress (a large model's step cannot be cut short):
@@ -205,18 +210,11 @@ class RunController(QObject):
         if self.run.phase == Phase.STOPPING:
             waiting = self.sessions.waiting_for()
             return "waiting for the previous run to stop" + (f" ({waiting})" if waiting else "")
-        if self._dataset()[0] is None:
-            return self.reading_problem() or "open a dataset first (File > Open dataset...)"
-        return self.w.config_panel.problem()
+        return self.app.train_problem()
 
     def _train_choice(self) -> tuple[TrainChoice, int]:
-        cp = self.w.config_panel
-        try:
-            model, train = cp.model_config(), cp.train_config()
-        except ValueError:
-            model = train = None
-        choice = self.run.train_choice(cp.backend_name(), model, train)
-        return choice, train.num_steps if train is not None else 0
+        train = self.app.settings.train
+        return self.app.train_choice(), train.num_steps if train is not None else 0
 
     # sessions -------------------------------------------------------------------
     def open_run(self, spec: rs.RunSpec, dataset: DatasetIdentity | None, path: str | None) -> None:
@@ -228,7 +226,8 @@ class RunController(QObject):
         session = self.sessions.start(spec)
         session.reports.reported.connect(self._on_event)  # on the GUI thread; silent once ended
         session.reports.reportedAfterEnd.connect(self._on_report_after_end)
-        self._opening, self._warned = (dataset, path), False
+        self._warned = False
+        self.app.opening(dataset, path)
         self.progress.opening()
         self.run.apply(rs.Open(spec))
         session.start()
@@ -250,8 +249,7 @@ class RunController(QObject):
             then()
 
     def clear_run(self) -> None:
-        for forget in self.on_discard:
-            forget()
+        self.app.discard()
         w = self.w
         w.loss_plot.clear()
         w.sample_panel.clear()
@@ -259,17 +257,14 @@ class RunController(QObject):
 
     # the worker's events --------------------------------------------------------
     def _on_event(self, event: rs.Event) -> None:
+        self.app.report(event)  # the model first (the run, its record, results); the widgets show it
         handler = self._HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
-        for listener in self.listeners:
-            listener(event)
 
     def _on_opened(self, event: rs.Opened) -> None:
-        info, (dataset, path) = event.info, self._opening
-        w = self.w
-        w.config_panel.set_configs(info.model, info.train)
-        w.config_panel.select_backend(info.backend)
+        info, w = event.info, self.w
+        w.loss_plot.show_run(self.app.runs.current)  # the plot reads the losses from the run's record
         w.loss_plot.set_vocab_size(info.vocab_size)
         w.loss_plot.set_run(info.train.batch_size, info.train_docs)
         w.loss_plot.follow_run(info.train.num_steps)
@@ -277,12 +272,10 @@ class RunController(QObject):
         w.progress_bar.setRange(0, info.train.num_steps)
         w.progress_bar.setValue(info.step)
         w.sample_panel.set_block_size(info.model.block_size)  # no name is longer than the model's context
-        self.run.opened(event, dataset, path)
 
     def _on_losses(self, event: rs.Losses) -> None:
         self.w.loss_plot.append(event.losses, event.first_step, event.seconds)  # progress, status follow its redraw
         step = event.first_step + len(event.losses)
-        self.run.trained_to(step)
         self.progress.trained_to(step, self.run.phase == Phase.RUNNING)
 
     def _on_heldout(self, event: rs.Heldout) -> None:
@@ -297,7 +290,6 @@ class RunController(QObject):
             self.autosaver.on_saved()
             self.notify.status(f"Autosaved to {event.path}", 10000)
             return
-        self.run.saved(event.path, event.step)
         self.notify.status(f"Checkpoint saved to {event.path}", 10000)
         self.guard.on_saved(event.path)
 
@@ -312,7 +304,6 @@ class RunController(QObject):
             self.notify.show_message("error", "microgpt-gui", event.message, event.details)
 
     def _on_extended(self, event: rs.Extended) -> None:
-        self.run.extended(event.num_steps)
         self.w.progress_bar.setMaximum(event.num_steps)
         self.w.loss_plot.follow_run(event.num_steps)
 
@@ -326,15 +317,17 @@ class RunController(QObject):
         self.guard.on_error()
         self.notify.show_message("error", "microgpt-gui", event.message, event.details)
 
-    def _on_phase(self, event: rs.PhaseChanged) -> None:
-        self.run.report(event.phase)
-
     _HANDLERS = {rs.Opened: _on_opened, rs.Losses: _on_losses, rs.Heldout: _on_heldout, rs.Samples: _on_samples,
                  rs.Saved: _on_saved,
-                 rs.Extended: _on_extended, rs.Status: _on_status, rs.Error: _on_error,
-                 rs.PhaseChanged: _on_phase}
+                 rs.Extended: _on_extended, rs.Status: _on_status, rs.Error: _on_error}
 
     # the model's changes --------------------------------------------------------
+    def _on_app(self, app: AppModel, change: Change, subject) -> None:
+        if change == Change.RUNS and subject[0] == RunChange.ENDING:
+            self.w.loss_plot.let_go(subject[1])  # compacted next: the plot keeps what it shows
+        elif change in (Change.DATASET, Change.SETTINGS, Change.BACKEND):
+            self.update_actions()
+
     def _on_model(self, run: RunModel, what: str) -> None:
         if what == "phase":
             self._on_phase_changed(run.phase)
@@ -362,6 +355,9 @@ class RunController(QObject):
             if summarize:
                 summary = self._run_summary()
                 message = f"{summary}. {message}" if summary else message
+            if phase == Phase.RUNNING and self.app.build_status():  # said as long as it builds
+                message = (f"Training on {self.run.backend} while {self.app.build.backend} builds in the "
+                           f"background; the next run uses it")
             self.notify.status(message, 0 if phase != Phase.RUNNING else 5000)
         elif phase == Phase.NONE and not self._told_after_end:  # "Stopping the run..." goes
             self.notify.status("", 0)
@@ -388,7 +384,7 @@ class RunController(QObject):
             self.notify.show_message("warning", "The run is diverging", text[0].upper() + text[1:])
 
     def _dataset_vocab(self) -> int | None:
-        dataset = self.run.dataset or self._dataset()[1]
+        dataset = self.run.dataset or self.app.dataset.identity
         return dataset.vocab_size if dataset is not None else None
 
     # display ----------------------------------------------------------------------

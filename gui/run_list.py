@@ -45,6 +45,7 @@ DATASET = COLUMNS.index("Dataset")
 
 class RunListPanel(QWidget):
     checkedChanged = Signal()
+    runsRemoved = Signal(list)  # records taken off the list (Remove, Delete, or the model's own removal)
 
     def __init__(self, parent=None, smoothing: float = 0.95):
         super().__init__(parent, objectName="runListPanel")
@@ -151,9 +152,8 @@ class RunListPanel(QWidget):
 
     def remove_runs(self, records: list[RunRecord]) -> None:
         """Take runs off the list and the overlay (what they held goes with them)."""
-        for record in records:
-            if not self.listed(record):
-                continue
+        removed = [record for record in records if self.listed(record)]
+        for record in removed:
             row = self._row(record)
             self._undraw(record)
             self.table.removeRow(row)
@@ -164,6 +164,8 @@ class RunListPanel(QWidget):
             self._rows = {id(r): i for i, r in enumerate(self.runs)}
         self._show_info()
         self.checkedChanged.emit()
+        if removed:
+            self.runsRemoved.emit(removed)
 
     def replace_run(self, old: RunRecord, new: RunRecord) -> None:
         """new in old's row, with its colour and tick (a reloaded run's fresh record)."""
@@ -181,6 +183,12 @@ class RunListPanel(QWidget):
     def remove_selected(self) -> None:
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
         self.remove_runs([self.runs[row] for row in rows])
+
+    def let_go(self, record: RunRecord) -> None:
+        """record is about to be compacted: its series keeps its own copy until dropped."""
+        series = self._series.get(id(record))
+        if series is not None:
+            series.detach()
 
     def run_ended(self, record: RunRecord) -> None:
         """A run that will not grow again: its record compacted, its series rebuilt from that."""
@@ -206,6 +214,9 @@ class RunListPanel(QWidget):
 
     def update_run(self, record: RunRecord) -> None:
         """The record has new steps or a new status: redraw it soon (coalesced)."""
+        series = self._series.get(id(record))
+        if series is not None and series.n > len(record.losses):  # rewound (a checkpoint): its series
+            series.truncate(len(record.losses))                     # never reads past what it holds
         self._dirty.add(id(record))
         if not self._timer.isActive():
             self._timer.start()
@@ -254,7 +265,8 @@ class RunListPanel(QWidget):
         (rebuilt if it was rewound)."""
         series = self._series.get(id(record))
         if series is None:
-            series = self._series[id(record)] = GrowingSeries(self.smoothing ** record.block)
+            # the record's losses, read where they are (the application model's copy)
+            series = self._series[id(record)] = GrowingSeries(self.smoothing ** record.block, source=record)
         n = len(record.losses)
         if series.n > n:
             series.truncate(n)

@@ -8,6 +8,7 @@ end-of-run summary).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QProgressBar
@@ -48,9 +49,11 @@ def run_summary(steps: int, seconds: float) -> str:
 class ProgressView(QObject):
     """The progress bar of the run model's run, with the training rate it measures."""
 
-    def __init__(self, parent: QObject, bar: QProgressBar, run: RunModel, sessions: Sessions):
+    def __init__(self, parent: QObject, bar: QProgressBar, run: RunModel, sessions: Sessions,
+                 note: Callable[[], str] = str):
         super().__init__(parent)
         self.bar, self.run, self.sessions = bar, run, sessions
+        self._note = note  # () -> what else goes on ("building futhark-c in the background...: 12 s so far")
         self.rate: float | None = None          # steps per second, smoothed
         self.mark: tuple[float, int] | None = None  # (time, step) of the last rate measurement
         self._opening_since = 0.0
@@ -118,7 +121,8 @@ class ProgressView(QObject):
         elif phase in (Phase.PAUSED, Phase.DONE, Phase.READY):
             text += {Phase.PAUSED: "  ·  paused", Phase.DONE: "  ·  done" if step >= total else "  ·  stopped",
                      Phase.READY: "  ·  ready"}[phase]
-        bar.setFormat(text)
+        note = self._note() if phase in (Phase.RUNNING, Phase.PAUSED, Phase.DONE, Phase.READY) else ""
+        bar.setFormat(text + (f"  ·  {note}" if note else ""))
 
     def reset(self) -> None:
         self.bar.setRange(0, 1)

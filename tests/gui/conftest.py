@@ -26,9 +26,13 @@ def collect_on_the_gui_thread(qapp):
 
 
 @pytest.fixture(autouse=True)
-def isolated_settings(tmp_path, monkeypatch):
-    """Every test reads and writes its own settings file, never the user's."""
-    path = tmp_path / "settings.ini"
+def isolated_settings(tmp_path_factory, monkeypatch):
+    """Every test reads and writes its own settings file, never the user's (in a folder
+    of its own: a test's tmp_path holds only what the test writes)."""
+    path = tmp_path_factory.mktemp("window-settings") / "settings.ini"
+    # remembered from an earlier start: numpy, so that no test's run starts a background
+    # Futhark build (a first start's automatic choice has its own tests, which remove it)
+    path.write_text("[General]\nbackend=numpy\n", encoding="utf-8")
     monkeypatch.setenv("MICROGPT_GUI_SETTINGS", str(path))
     return path
 

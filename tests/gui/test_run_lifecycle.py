@@ -360,9 +360,11 @@ def test_a_reloaded_checkpoint_continues_its_run_s_row(make_window, names_path, 
         assert record.steps == 60 and record.train.num_steps == 60 and not np.isnan(record.ms_per_step)
         np.testing.assert_array_equal(record.losses, window.session.worker.loss_history())
     before = window.session
-    window.load_checkpoint(str(saved_elsewhere(names_corpus, tmp_path)))
-    qtbot.waitUntil(lambda: window.session is not before and window.state in ("ready", "done")
-                    and len(panel.runs) == 2, timeout=TIMEOUT_MS)  # opened, its losses in
+    elsewhere = saved_elsewhere(names_corpus, tmp_path)
+    window.load_checkpoint(str(elsewhere))
+    # opened, its history reported (the phase follows the losses): the row is listed at the opening
+    qtbot.waitUntil(lambda: window.session is not before and len(panel.runs) == 2 and window.run.saved_path == str(elsewhere)
+                    and window.state == "done", timeout=TIMEOUT_MS)
     assert [r.name for r in panel.runs] == ["run 1", "run 2"] and panel.runs[1].steps == 30
     window.tabs.setCurrentWidget(panel)  # the table is filled while on screen
     steps, status = COLUMNS.index("Steps"), COLUMNS.index("Status")

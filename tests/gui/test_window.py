@@ -213,13 +213,14 @@ def test_unavailable_backend_is_disabled_with_its_reason(make_window, names_path
     window = make_window(names_path)
     combo = widget(window, QComboBox, "backendCombo")
     names = [combo.itemData(i) for i in range(combo.count())]
-    assert names[: len(engine.list_backends())] == [info.name for info in engine.list_backends()]
+    assert names[0] == "auto"  # the automatic choice first, then every backend in the registry's order
+    assert names[1: 1 + len(engine.list_backends())] == [info.name for info in engine.list_backends()]
     index = names.index("fake-missing")
     assert not combo.model().item(index).isEnabled()
     assert combo.itemData(index, Qt.ToolTipRole) == reason
     assert combo.model().item(names.index("numpy")).isEnabled()
     assert not window.config_panel.select_backend("fake-missing")
-    assert combo.currentData() == "numpy"
+    assert combo.currentData() == "auto" == window.app.backend  # the first entry that can run
 
 
 def test_backend_failure_is_reported_and_the_window_stays_usable(make_window, names_path, qtbot, monkeypatch):
