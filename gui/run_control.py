@@ -31,7 +31,7 @@ import engine
 from engine.app import AppModel, Change
 from engine.app.runs import RunChange
 from engine.training import protocol as rs
-from engine.training.run_model import ACTIVE, DatasetIdentity, Phase, TrainChoice
+from engine.training.run_model import ACTIVE, DatasetIdentity, Phase, RunModel, TrainChoice
 from engine.training.records import preset_name
 
 from .config_panel import ConfigPanel
