@@ -29,8 +29,9 @@ from ..data.corpus import user_cache_dir
 from ..errors import BackendError
 from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
 from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13
-from .generated import (BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, generate, generated_dir,
-                        kernel_sources, shipped_digest, shipped_problem, shipped_version, source_hashes)
+from .generated import (BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, TARGETS, generate,
+                        generated_dir, kernel_sources, shipped_digest, shipped_problem, shipped_version,
+                        source_hashes)
 from .lock import FileLock
 from .tools import (Compiler, CompilerNotFound, cuda_toolkit_root, device_problem, ffi_problem,
                     find_compiler, first_error_lines, run_logged)
