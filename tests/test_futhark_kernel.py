@@ -58,10 +58,12 @@ GPU = "gpu.fut's step"  # run by the oracle program (sequential C)
 @pytest.mark.parametrize("model_name", list(MODELS))
 def test_training_gradient_equals_vjp_and_numpy(name, model_name, corpus):
     model = MODELS[model_name]
-    train = TrainConfig(num_steps=100, init_std=INIT_STD.get(model_name, 0.1), beta1=0.0)
+    # every document trained (holdout 0), in microgpt's order, as the kernel's steps index them
+    train = TrainConfig(num_steps=100, init_std=INIT_STD.get(model_name, 0.1), beta1=0.0, holdout=0)
     backend = open_backend(name, model, train, corpus)
-    split = DataSplit(corpus, 0, model.block_size)  # microgpt's order, as the kernel's steps index it
+    split = DataSplit(corpus, 0, model.block_size)
     try:
+        assert backend.split.n_train == len(corpus)
         oracle = Oracle(backend)
         backend.train(5)  # away from the initial parameters, with Adam moments
         state = backend.get_state()
