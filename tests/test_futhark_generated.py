@@ -90,7 +90,7 @@ def test_an_edited_kernel_is_stale_and_names_the_regenerate_command(tmp_path):
 
 def test_a_new_or_removed_kernel_file_is_stale(tmp_path):
     kernels = copy_kernels(tmp_path / "kernels")
-    (kernels / "lib").mkdir()
+    (kernels / "lib").mkdir(exist_ok=True)
     (kernels / "lib" / "linalg.fut").write_text("def dot [n] (a: [n]f32) (b: [n]f32) = 0f32\n")
     assert "added lib/linalg.fut" in gen.sources_problem(kernels)
     (kernels / "lib" / "linalg.fut").unlink()
@@ -138,7 +138,7 @@ echo '{"backend": "'$1'"}' > microgpt.json
 def test_regenerate_rewrites_every_target_and_the_manifest(clean_env, tmp_path):
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)
-    (kernels / "lib").mkdir()
+    (kernels / "lib").mkdir(exist_ok=True)
     (kernels / "lib" / "extra.fut").write_text("def one = 1f32\n")
     stand_in_futhark(clean_env / "empty-bin", GENERATING_FUTHARK, "Futhark 0.25.99\n")
     said = []
