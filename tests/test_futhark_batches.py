@@ -1,4 +1,4 @@
-"""Batches on the Futhark backends (kernels/batch.fut): a step over B documents
+"""Batches on the Futhark backends (kernels/lib/batch.fut): a step over B documents
 padded to the longest and masked, one Adam update on the gradient of their mean
 loss, documents picked as engine.data.split.DataSplit picks them.
 

@@ -317,7 +317,7 @@ def test_two_processes_building_at_once_build_once(tmp_path, monkeypatch):
 @pytest.mark.futhark
 @requires_real_futhark
 def test_edited_kernel_sources_are_compiled_with_futhark(real_compiler, small_corpus, tmp_path, monkeypatch):
-    """An edit to kernels/*.fut: the Futhark compiler found compiles the edited sources
+    """An edit to kernels/**/*.fut: the Futhark compiler found compiles the edited sources
     (into the build cache, keyed by them), and the backend runs on that library."""
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)
