@@ -142,7 +142,7 @@ class TrainConfig:
         The warm-up ramps linearly to the full rate at step warmup_steps - 1 (a
         warm-up longer than the run never reaches it); microgpt's linear decay to
         0 at num_steps multiplies it throughout. The Futhark kernel's lr_factor
-        (kernels/train.fut) computes the same in f64 (tests hold them equal)."""
+        (kernels/lib/train.fut) computes the same in f64 (tests hold them equal)."""
         decay = 1 - step / self.num_steps
         if self.warmup_steps == 0:  # microgpt's schedule, bit for bit
             return decay

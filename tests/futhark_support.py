@@ -82,8 +82,8 @@ def copy_kernels(dest: Path) -> Path:
 
 
 def edit_kernel(kernel_dir: Path) -> None:
-    """Change microgpt.fut without changing what it computes."""
-    source = kernel_dir / "microgpt.fut"
+    """Change lib/microgpt.fut without changing what it computes."""
+    source = kernel_dir / "lib" / "microgpt.fut"
     source.write_bytes(source.read_bytes() + b"\n-- an edit\n")
 
 
@@ -144,8 +144,9 @@ def with_clang(clean_env):
 
 @pytest.fixture(scope="session")
 def futhark_cpu_builds(tmp_path_factory) -> dict:
-    """The futhark-c and futhark-multicore libraries, built once per session from the
-    shipped C (kernels/generated/) with no Futhark compiler to be found; later
+    """The futhark-c and futhark-multicore libraries and the tests' oracle program,
+    built once per session from the shipped C (kernels/generated/) with no Futhark
+    compiler to be found; later
     sessions find them in the suite's build cache (conftest.py: pytest's cache
     folder, not the user's). Skips where there is no C compiler."""
     if cc.find_c_compiler() is None:
@@ -153,7 +154,7 @@ def futhark_cpu_builds(tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as monkeypatch:
         hide_futhark(monkeypatch, tmp_path_factory.mktemp("no-futhark"))
         builds = {}
-        for target in ("c", "multicore"):
+        for target in ("c", "multicore", generated.ORACLE):
             plan = fbuild.plan(target)
             assert plan.origin.kind == "shipped", plan.origin
             builds[target] = fbuild.build(target)
@@ -180,22 +181,64 @@ def session_compiler(futhark_cpu_builds, monkeypatch) -> cc.CCompiler:
 # futhark-multicore on a test-sized model runs futhark-c's sequential build (one
 # thread is faster there); this name runs its parallel build on two threads.
 MULTICORE_2_THREADS = "futhark-multicore-2-threads"
+MULTICORE_3_THREADS = "futhark-multicore-3-threads"  # products split unevenly in tasks
 CPU_BACKENDS = ["futhark-c", "futhark-multicore", MULTICORE_2_THREADS]
+THREADS_OF = {MULTICORE_2_THREADS: "2", MULTICORE_3_THREADS: "3"}
 
 
 @pytest.fixture(autouse=True)
 def _register_two_thread_multicore(request, monkeypatch):
-    """MULTICORE_2_THREADS is a backend name for the tests that are given it:
-    futhark-multicore under the engine's own thread-count override."""
+    """MULTICORE_2_THREADS and MULTICORE_3_THREADS are backend names for the tests
+    that are given them: futhark-multicore under the engine's own thread-count override."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec is None or not any(isinstance(value, str) and value == MULTICORE_2_THREADS
-                                   for value in callspec.params.values()):
+    names = [value for value in (callspec.params.values() if callspec else ())
+             if isinstance(value, str) and value in THREADS_OF]
+    if not names:
         return
     from engine import backends as registry
     from engine.backends import futhark_backend as fbk
 
-    monkeypatch.setenv(fbk.THREADS_ENV, "2")
-    monkeypatch.setitem(registry._REGISTRY, MULTICORE_2_THREADS, registry._REGISTRY["futhark-multicore"])
+    monkeypatch.setenv(fbk.THREADS_ENV, THREADS_OF[names[0]])
+    monkeypatch.setitem(registry._REGISTRY, names[0], registry._REGISTRY["futhark-multicore"])
+
+
+class Oracle:
+    """The tests' program (kernels/tests/oracle.fut, sequential C) for one backend's
+    run: `vjp`'s loss and gradient of a training step, and the GPU programs'
+    step (#gpu products) where no GPU is needed. Its model and weights are its
+    own: states go in as host arrays."""
+
+    def __init__(self, backend):
+        from engine.backends import futhark_backend as fbk
+
+        self._fut = fbk.open_context(generated.ORACLE)
+        self._model = self._fut.new_model(*fbk.model_arguments(
+            backend.model, backend.train_config, backend.corpus, backend.specs, 1, backend.split.n_train))
+
+    def _weights(self, state, step: int):
+        return self._fut.new_weights(self._model, state.params, state.m, state.v, step)
+
+    def gradient(self, state, step: int) -> tuple[float, np.ndarray]:
+        """vjp's loss and gradient of training step `step` at state's parameters."""
+        loss, grad = self._fut.grad_vjp(self._model, self._weights(state, step), step)
+        return float(loss), self._fut.from_futhark(grad)
+
+    def gpu_steps(self, state, step: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k steps of gpu.fut's training (train at B = 1, train_batch above) from state
+        at step `step`: the losses, the parameters and the first moments after them."""
+        weights, losses = self._fut.train_gpu(self._model, self._weights(state, step), k)
+        return (self._fut.from_futhark(losses), self._fut.from_futhark(self._fut.get_params(weights)),
+                self._fut.from_futhark(self._fut.get_m(weights)))
+
+
+def backend_steps(backend, state, step: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """k steps of backend's own program from state at step `step`, as Oracle.gpu_steps."""
+    from engine.backends import futhark_backend as fbk
+
+    weights = backend._call("new_weights", backend._model, state.params, state.m, state.v, step)
+    weights, losses = backend._call(fbk.train_entry(backend.train_config.batch_size), backend._model, weights, k)
+    return tuple(backend._values(x) for x in (losses, backend._call("get_params", weights),
+                                               backend._call("get_m", weights)))
 
 
 def assert_same_kernel_run(name: str, actual, desired, *, rtol: float, atol: float) -> None:

@@ -80,12 +80,12 @@ def test_multicore_threads_by_model_size():
             fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: bad})
 
 
-def test_train_entry_by_batch_and_threads():
-    """B = 1 on several multicore threads runs train_parallel; one thread (sequential
-    C, where that form was slower) train; batches train_batch."""
-    assert fbk.train_entry(1) == fbk.train_entry(1, 1) == "train"
-    assert fbk.train_entry(1, 2) == fbk.train_entry(1, 8) == "train_parallel"
-    assert fbk.train_entry(2) == fbk.train_entry(32, 2) == "train_batch"
+def test_train_entry_by_batch():
+    """B = 1 runs each program's `train` (multicore.fut's is its form for several
+    threads); batches train_batch; both are entry points the backend lists."""
+    assert fbk.train_entry(1) == "train"
+    assert fbk.train_entry(2) == fbk.train_entry(32) == "train_batch"
+    assert {fbk.train_entry(1), fbk.train_entry(2)} <= set(fbk.ENTRY_POINTS)
 
 
 @pytest.mark.futhark
@@ -94,7 +94,7 @@ def test_train_entry_by_batch_and_threads():
 def test_one_thread_runs_the_sequential_build(name, threads, library, corpus, futhark_cpu_builds):
     backend = open_backend(name, ModelConfig(), TrainConfig(num_steps=5), corpus)
     try:
-        assert (backend.threads(), backend.blocks(), backend.library_target()) == (threads, threads, library)
+        assert (backend.threads(), backend.library_target()) == (threads, library)
     finally:
         backend.close()
 
@@ -115,11 +115,11 @@ def test_open_context_sets_the_thread_count(futhark_cpu_builds):
 def test_model_arguments_carry_the_configs_and_the_corpus(corpus):
     model = TWO_LAYERS
     train = TrainConfig(num_steps=30, learning_rate=0.02, beta1=0.8, seed=3, warmup_steps=7, batch_size=5)
-    args = fbk.model_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), blocks=3)
-    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, warmup, blocks, batch, layout, tokens, offsets,
+    args = fbk.model_arguments(model, train, corpus, param_specs(model, corpus.vocab_size), threads=3)
+    (c, layers, heads, block, vocab, lr, b1, b2, eps, steps, warmup, threads, batch, layout, tokens, offsets,
      lengths) = args
     assert (c, layers, heads, block, vocab) == (16, 2, 2, 8, corpus.vocab_size)
-    assert (lr, b1, b2, eps, steps, warmup, blocks, batch) == (0.02, 0.8, 0.99, 1e-8, 30, 7, 3, 5)
+    assert (lr, b1, b2, eps, steps, warmup, threads, batch) == (0.02, 0.8, 0.99, 1e-8, 30, 7, 3, 5)
     specs = param_specs(model, corpus.vocab_size)
     assert layout.tolist() == [s.offset for s in specs]
     assert (tokens.dtype, offsets.dtype, lengths.dtype) == (np.int32, np.int64, np.int32)

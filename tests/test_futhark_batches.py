@@ -1,11 +1,11 @@
-"""Batches on the Futhark backends (kernels/batch.fut): a step over B documents
+"""Batches on the Futhark backends (kernels/lib/batch.fut): a step over B documents
 padded to the longest and masked, one Adam update on the gradient of their mean
 loss, documents picked as engine.data.split.DataSplit picks them.
 
 The references are independent of the kernel: NumPy's batched loss_and_grad
 (engine/model/gpt.py, itself held to float64 finite differences in
 tests/test_model_grad.py) and `vjp` of the kernel's forward-only loss
-(grad_vjp). The training gradient is read from training itself: with beta1 = 0,
+(grad_vjp, in the tests' program kernels/tests/oracle.fut). The training gradient is read from training itself: with beta1 = 0,
 Adam's first moment after one step is exactly that step's gradient.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from engine import Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backend, read_checkpoint
-from engine.backends import futhark_backend as fbk, probe_backend
+from engine.backends import probe_backend
 from engine.model.gpt import Weights, loss_and_grad
-from futhark_support import MULTICORE_2_THREADS
+from futhark_support import MULTICORE_2_THREADS, Oracle, backend_steps
 
 pytestmark = pytest.mark.futhark
 
@@ -66,32 +66,33 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
         backend.close()
 
 
-@pytest.mark.parametrize("name, blocks", [("futhark-c", 1), ("futhark-c", 0), (MULTICORE_2_THREADS, 2)])
+GPU = "gpu.fut's step"  # run by the oracle program (sequential C)
+
+
+@pytest.mark.parametrize("name", ["futhark-c", GPU, MULTICORE_2_THREADS])
 @pytest.mark.parametrize("step", [0, 3, 4])  # step 4 wraps: documents 12, 13, 0
-def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, blocks, step, corpus):
-    """blocks 0 runs a GPU's form of the step (each document's products in
+def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, step, corpus):
+    """GPU runs the GPU program's form of the step (each document's products in
     parallel inside the map over documents) in sequential C."""
-    available(name)
+    available("futhark-c" if name == GPU else name)
     train = TrainConfig(num_steps=100, batch_size=3, holdout=3, beta1=0.0, learning_rate=0.01)
-    backend = open_backend(name, MODEL, train, corpus)
+    backend = open_backend("futhark-c" if name == GPU else name, MODEL, train, corpus)
     try:
+        oracle = Oracle(backend)
         backend.train(5)  # away from the initial parameters
         state = backend.get_state()
-        model = backend._call("new_model", *fbk.model_arguments(MODEL, train, corpus, backend.specs, blocks,
-                                                                backend.split.n_train))
-        weights = backend._call("new_weights", model, state.params, state.m, state.v, step)
-        vjp_loss, vjp_grad = backend._call("grad_vjp", model, weights, step)
-        weights, losses = backend._call(fbk.train_entry(train.batch_size), model, weights, 1)
-        train_grad = backend._values(backend._call("get_m", weights))
+        vjp_loss, vjp_grad = oracle.gradient(state, step)
+        run = oracle.gpu_steps if name == GPU else lambda *args: backend_steps(backend, *args)
+        losses, _, train_grad = run(state, step, 1)
         batch = backend.split.batch(step)
         assert len(set(batch.lengths.tolist())) > 1  # padded
         numpy_grad = np.zeros_like(state.params)
         numpy_loss = loss_and_grad(Weights(state.params, backend.specs, MODEL),
                                    Weights(numpy_grad, backend.specs, MODEL),
                                    batch.inputs, batch.targets, MODEL, np, lengths=batch.lengths)
-        loss = float(backend._values(losses)[0])
-        assert loss == pytest.approx(float(vjp_loss), abs=1e-5) and loss == pytest.approx(float(numpy_loss), abs=1e-5)
-        np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=0, atol=1e-5)
+        loss = float(losses[0])
+        assert loss == pytest.approx(vjp_loss, abs=1e-5) and loss == pytest.approx(float(numpy_loss), abs=1e-5)
+        np.testing.assert_allclose(train_grad, vjp_grad, rtol=0, atol=1e-5)
         np.testing.assert_allclose(train_grad, numpy_grad, rtol=0, atol=1e-5)
         assert np.abs(train_grad).max() > 1e-3  # a gradient, not zeros
     finally:

@@ -317,7 +317,7 @@ def test_two_processes_building_at_once_build_once(tmp_path, monkeypatch):
 @pytest.mark.futhark
 @requires_real_futhark
 def test_edited_kernel_sources_are_compiled_with_futhark(real_compiler, small_corpus, tmp_path, monkeypatch):
-    """An edit to kernels/*.fut: the Futhark compiler found compiles the edited sources
+    """An edit to kernels/**/*.fut: the Futhark compiler found compiles the edited sources
     (into the build cache, keyed by them), and the backend runs on that library."""
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)
@@ -326,7 +326,7 @@ def test_edited_kernel_sources_are_compiled_with_futhark(real_compiler, small_co
     libdir = fb.build("c", kernels)
     record = json.loads((libdir / "build.json").read_text())
     assert (record["origin"], record["futhark"]) == ("local", real_compiler.version)
-    assert (libdir / "microgpt.fut").read_bytes() == (kernels / "microgpt.fut").read_bytes()
+    assert (libdir / "lib" / "microgpt.fut").read_bytes() == (kernels / "lib" / "microgpt.fut").read_bytes()
     # the backend runs on it: a few steps equal NumPy's
     monkeypatch.setattr(fb, "build", lambda target, *args: libdir)
     model, train = ModelConfig(n_embd=16, n_layer=1, n_head=4, block_size=8), TrainConfig(num_steps=5)

@@ -1,5 +1,6 @@
 """The generated C shipped in kernels/generated/: its staleness check against
-the kernel sources, the commands that check and regenerate it, that the
+the kernel sources, the commands that check and regenerate it, that each
+program exports exactly the entry points its backend calls, that the
 package carries it, that the GPU targets' code compiles against the
 installed headers, and (with a real Futhark compiler) that regenerating
 gives the same bytes."""
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine import BackendError
+from engine.backends import futhark_backend as fbk
 from engine.futhark import cc
 from engine.futhark import generated as gen
 from engine.futhark import tools as ft
@@ -27,8 +29,53 @@ def test_the_generated_folder_matches_the_kernel_sources():
     problems = gen.check()
     assert not problems, "\n".join(problems)
     manifest = gen.read_manifest()
-    assert set(manifest["generated"]) == set(gen.TARGETS)
+    assert set(manifest["generated"]) == set(gen.BUILDS) == set(gen.TARGETS) | {gen.ORACLE}
     assert manifest["kernel_sources"] == gen.source_hashes(gen.kernel_sources())
+    assert {"lib/model.fut", "lib/train.fut", "tests/oracle.fut", "c.fut", "gpu.fut"} <= set(manifest["kernel_sources"])
+
+
+def _entry_points(build: str) -> set[str]:
+    """The entry points build's generated library exports (Futhark's manifest)."""
+    manifest = json.loads((gen.generated_dir() / build / "microgpt.json").read_text(encoding="utf-8"))
+    return set(manifest["entry_points"])
+
+
+@pytest.mark.parametrize("target", gen.TARGETS)
+def test_each_backends_program_exports_exactly_what_the_backend_calls(target):
+    """The backend's single list of the entry points it calls is each target's whole
+    library: nothing compiled for nobody (the vjp oracle, another target's step)."""
+    manifest = json.loads((gen.generated_dir() / target / "microgpt.json").read_text(encoding="utf-8"))
+    assert manifest["backend"] == gen.PROGRAMS[target].target
+    assert _entry_points(target) == set(fbk.ENTRY_POINTS)
+
+
+def test_the_oracle_is_a_test_program_for_c_alone():
+    assert gen.PROGRAMS[gen.ORACLE] == gen.Program("tests/oracle.fut", "c")
+    assert "grad_vjp" in _entry_points(gen.ORACLE)
+    assert all("grad_vjp" not in _entry_points(target) for target in gen.TARGETS)
+
+
+def test_the_backend_calls_only_its_listed_entry_points():
+    """Every entry-point name the backend's code passes to _call is in ENTRY_POINTS, and
+    every listed one is called: read from the module's source, so the list is not a
+    copy the code could drift from."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(fbk))
+    called = {node.args[0].value for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "_call"
+              and node.args and isinstance(node.args[0], ast.Constant)}
+    getters = {elt.value for node in ast.walk(tree) if isinstance(node, ast.Tuple)
+               for elt in node.elts if isinstance(elt, ast.Constant) and str(elt.value).startswith("get_")}
+    trains = {fbk.train_entry(1), fbk.train_entry(2)}
+    assert called | getters | trains == set(fbk.ENTRY_POINTS)
+
+
+def test_the_backend_refuses_an_entry_point_it_does_not_list():
+    backend = object.__new__(fbk.FutharkCBackend)
+    with pytest.raises(ValueError, match="grad_vjp"):
+        backend._call("grad_vjp")
 
 
 def test_an_edited_kernel_is_stale_and_names_the_regenerate_command(tmp_path):
@@ -36,14 +83,14 @@ def test_an_edited_kernel_is_stale_and_names_the_regenerate_command(tmp_path):
     assert gen.check(kernels) == []
     edit_kernel(kernels)
     problem = gen.sources_problem(kernels)
-    assert "changed microgpt.fut" in problem and gen.REGENERATE_COMMAND in problem
+    assert "changed lib/microgpt.fut" in problem and gen.REGENERATE_COMMAND in problem
     assert gen.shipped_problem("c", kernels) == problem
     assert gen.check(kernels) == [problem]
 
 
 def test_a_new_or_removed_kernel_file_is_stale(tmp_path):
     kernels = copy_kernels(tmp_path / "kernels")
-    (kernels / "lib").mkdir()
+    (kernels / "lib").mkdir(exist_ok=True)
     (kernels / "lib" / "linalg.fut").write_text("def dot [n] (a: [n]f32) (b: [n]f32) = 0f32\n")
     assert "added lib/linalg.fut" in gen.sources_problem(kernels)
     (kernels / "lib" / "linalg.fut").unlink()
@@ -80,9 +127,9 @@ def test_regenerate_command_without_a_compiler_says_so(clean_env, capsys):
     assert "Futhark compiler not found" in capsys.readouterr().err
 
 
-# Writes what `futhark <target> --library -o microgpt microgpt.fut` writes, from the sources.
-GENERATING_FUTHARK = """[ "$2 $3 $4 $5" = "--library -o microgpt microgpt.fut" ] || exit 9
-echo "/* $1 code of $(cat *.fut lib/*.fut 2>/dev/null | cksum) */" > microgpt.c
+# Writes what `futhark <target> --library -o microgpt <program>` writes, from the sources.
+GENERATING_FUTHARK = """[ "$2 $3 $4" = "--library -o microgpt" ] && [ -f "$5" ] || exit 9
+echo "/* $1 code of $5 $(cat *.fut lib/*.fut tests/*.fut 2>/dev/null | cksum) */" > microgpt.c
 echo "/* $1 header */" > microgpt.h
 echo '{"backend": "'$1'"}' > microgpt.json
 """
@@ -91,19 +138,22 @@ echo '{"backend": "'$1'"}' > microgpt.json
 def test_regenerate_rewrites_every_target_and_the_manifest(clean_env, tmp_path):
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)
-    (kernels / "lib").mkdir()
+    (kernels / "lib").mkdir(exist_ok=True)
     (kernels / "lib" / "extra.fut").write_text("def one = 1f32\n")
     stand_in_futhark(clean_env / "empty-bin", GENERATING_FUTHARK, "Futhark 0.25.99\n")
     said = []
     manifest = gen.regenerate(ft.find_compiler(), kernels, say=said.append)
     assert gen.check(kernels) == [] and gen.read_manifest(kernels) == manifest
-    shipped_sources = {path.relative_to(gen.KERNEL_DIR).as_posix() for path in gen.KERNEL_DIR.glob("*.fut")}
+    shipped_sources = {path.relative_to(gen.KERNEL_DIR).as_posix() for path in gen.KERNEL_DIR.rglob("*.fut")
+                       if path.relative_to(gen.KERNEL_DIR).parts[0] != gen.GENERATED}
     assert manifest["futhark"] == "0.25.99"
     assert set(manifest["kernel_sources"]) == shipped_sources | {"lib/extra.fut"}
-    for target in gen.TARGETS:
-        files = sorted(p.name for p in (kernels / "generated" / target).iterdir())
+    assert {d.name for d in (kernels / "generated").iterdir() if d.is_dir()} == set(gen.BUILDS)
+    for build, program in gen.PROGRAMS.items():
+        files = sorted(p.name for p in (kernels / "generated" / build).iterdir())
         assert files == sorted(gen.GENERATED_FILES)
-        assert (kernels / "generated" / target / "microgpt.c").read_text().startswith(f"/* {target} code of ")
+        code = (kernels / "generated" / build / "microgpt.c").read_text()
+        assert code.startswith(f"/* {program.target} code of {program.source} ")
     assert any("0.25.99" in line for line in said)
 
 
@@ -114,7 +164,7 @@ def test_a_failed_regenerate_leaves_the_folder_as_it_was(clean_env, tmp_path):
     stand_in_futhark(clean_env / "empty-bin", """if [ "$1" = "cuda" ]; then echo "Error at microgpt.fut:1:1: no CUDA today" >&2; exit 1; fi
 echo "/* $1 */" > microgpt.c; echo > microgpt.h; echo "{}" > microgpt.json
 """, "Futhark 0.25.99\n")
-    with pytest.raises(BackendError, match=r"(?s)could not compile the kernels for the cuda backend.*no CUDA today"):
+    with pytest.raises(BackendError, match=r"(?s)could not compile gpu.fut for the cuda build.*no CUDA today"):
         gen.regenerate(ft.find_compiler(), kernels, say=lambda line: None)
     assert {p: p.read_bytes() for p in (kernels / "generated").rglob("*") if p.is_file()} == before
 
@@ -126,8 +176,9 @@ def test_the_package_ships_the_generated_folder():
     data = tomllib.loads((gen.KERNEL_DIR.parent / "pyproject.toml").read_text())
     patterns = data["tool"]["setuptools"]["package-data"]["kernels"]
     shipped = {p.relative_to(gen.KERNEL_DIR).as_posix() for p in gen.generated_dir().rglob("*") if p.is_file()}
-    assert shipped == {f"generated/{t}/{n}" for t in gen.TARGETS for n in gen.GENERATED_FILES} | {"generated/manifest.json"}
-    assert all(any(Path(name).match(pattern) for pattern in patterns) for name in shipped)
+    assert shipped == {f"generated/{b}/{n}" for b in gen.BUILDS for n in gen.GENERATED_FILES} | {"generated/manifest.json"}
+    sources = {f"{name}" for name in gen.kernel_sources()} - {p.name for p in gen.KERNEL_DIR.glob("*.fut")}
+    assert sources and all(any(Path(name).match(pattern) for pattern in patterns) for name in shipped | sources)
 
 
 # -- the GPU backends' shipped C against the installed headers ---------------------
@@ -188,7 +239,7 @@ def test_shipped_opencl_code_compiles_against_the_opencl_headers(tmp_path):
 @requires_real_futhark
 def test_regenerating_reproduces_the_shipped_code(real_compiler, tmp_path):
     """Same compiler version, same sources: the same bytes (checked for the c target;
-    all four were checked when the folder was made)."""
+    every build was checked when the folder was made)."""
     version = gen.read_manifest()["futhark"]
     if real_compiler.version != version:
         pytest.skip(f"the shipped code is from Futhark {version}, the compiler here is {real_compiler.version}")

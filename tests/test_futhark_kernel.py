@@ -1,14 +1,15 @@
 """The Futhark kernel's hand-written backward pass against `vjp`, and its
 key/value-cache sampler against an independent reference.
 
-Training's own gradient must equal grad_vjp (`vjp` of kernels/model.fut's
-loss) and NumPy's loss_and_grad on several documents and model sizes,
-through every way the kernel runs its backward products (`blocks` 1:
-sequential; 2 and 3: the multicore backend's tasks over column blocks, even
-and uneven; 0: a GPU's thread per position and column), each run here by the
-sequential C build. It is read from training itself: with beta1 = 0, Adam's
-first moment after a step is exactly that step's gradient
-(m = 0 * m + 1 * g). Samples must equal
+Training's own gradient must equal grad_vjp (`vjp` of kernels/lib/model.fut's
+loss, in the tests' program kernels/tests/oracle.fut) and NumPy's
+loss_and_grad on several documents and model sizes, through every way a
+program runs its backward products (model.fut's `products`: futhark-c's
+sequential sums; futhark-multicore's tasks over blocks of rows, on 2 and 3
+threads, even and uneven; the GPU program's thread per position and column,
+run by the oracle program in sequential C). It is read from training itself:
+with beta1 = 0, Adam's first moment after a step is exactly that step's
+gradient (m = 0 * m + 1 * g). Samples must equal
 tests/futhark_support.py's reference: engine/model/sampling.py's generator in pure
 Python (tests/rng_reference.py), NumPy's full forward pass for every token,
 the float64 inverse-CDF draw; and stop at max_length.
@@ -22,7 +23,8 @@ from engine import Cancelled, Corpus, ModelConfig, TrainConfig, open_backend
 from engine.backends import futhark_backend as fbk
 from engine.data.split import DataSplit
 from engine.model.gpt import Weights, loss_and_grad
-from futhark_support import CPU_BACKENDS, assert_same_kernel_run, reference_samples
+from futhark_support import (CPU_BACKENDS, MULTICORE_2_THREADS, MULTICORE_3_THREADS, Oracle, backend_steps,
+                             reference_samples)
 
 # the libraries come from the shipped C (kernels/generated/), built once per session
 pytestmark = [pytest.mark.futhark, pytest.mark.usefixtures("futhark_cpu_builds")]
@@ -35,7 +37,7 @@ MODELS = {
     "2layer-2head": ModelConfig(n_embd=16, n_layer=2, n_head=2, block_size=8),
     "s64ish": ModelConfig(n_embd=64, n_layer=3, n_head=4, block_size=64),
     # products of T x 256 x 1024 multiply-adds: past model.fut's parallel_work
-    # from T = 4, so blocks > 1 takes the parallel branch of back_linear
+    # from T = 4, so futhark-multicore's tasks take the parallel branch of back_linear
     "wide": ModelConfig(n_embd=256, n_layer=1, n_head=4, block_size=16),
 }
 # the wide model's initial scale: at 0.1 its losses run past 100, where float32
@@ -49,92 +51,90 @@ def corpus() -> Corpus:
     return Corpus.from_lines(NAMES)
 
 
-def _model_with_blocks(backend, blocks: int):
-    """The kernel's model of backend's configuration, with its backward
-    products split into `blocks` parts."""
-    args = fbk.model_arguments(backend.model, backend.train_config, backend.corpus, backend.specs,
-                               blocks=blocks)
-    return backend._call("new_model", *args)
+GPU = "gpu.fut's step"  # run by the oracle program (sequential C)
 
 
-def _weights_at(backend, model, step: int):
-    """Kernel weights holding backend's parameters and moments, at step `step`."""
-    current = backend.get_state()
-    return backend._call("new_weights", model, current.params, current.m, current.v, step)
-
-
-@pytest.mark.parametrize("name", CPU_BACKENDS)
+@pytest.mark.parametrize("name", CPU_BACKENDS + [MULTICORE_3_THREADS])
 @pytest.mark.parametrize("model_name", list(MODELS))
 def test_training_gradient_equals_vjp_and_numpy(name, model_name, corpus):
     model = MODELS[model_name]
-    train = TrainConfig(num_steps=100, init_std=INIT_STD.get(model_name, 0.1), beta1=0.0)
+    # every document trained (holdout 0), in microgpt's order, as the kernel's steps index them
+    train = TrainConfig(num_steps=100, init_std=INIT_STD.get(model_name, 0.1), beta1=0.0, holdout=0)
     backend = open_backend(name, model, train, corpus)
-    split = DataSplit(corpus, 0, model.block_size)  # microgpt's order, as the kernel's steps index it
+    split = DataSplit(corpus, 0, model.block_size)
     try:
+        assert backend.split.n_train == len(corpus)
+        oracle = Oracle(backend)
         backend.train(5)  # away from the initial parameters, with Adam moments
-        for blocks in (1, 2, 3, 0):
-            for step in STEPS:
-                kernel_model = _model_with_blocks(backend, blocks)
-                weights = _weights_at(backend, kernel_model, step)
-                params = backend._values(backend._call("get_params", weights))
-                vjp_loss, vjp_grad = backend._call("grad_vjp", kernel_model, weights, step)
-                weights, losses = backend._call("train", kernel_model, weights, 1)
-                train_grad = backend._values(backend._call("get_m", weights))
-                numpy_grad = np.zeros_like(params)
-                inputs, targets = split.step_tokens(step)
-                numpy_loss = loss_and_grad(Weights(params, backend.specs, model),
-                                           Weights(numpy_grad, backend.specs, model), inputs, targets, model, np)
-                loss = float(backend._values(losses)[0])
+        state = backend.get_state()
+        for step in STEPS:
+            vjp_loss, vjp_grad = oracle.gradient(state, step)
+            numpy_grad = np.zeros_like(state.params)
+            inputs, targets = split.step_tokens(step)
+            numpy_loss = loss_and_grad(Weights(state.params, backend.specs, model),
+                                       Weights(numpy_grad, backend.specs, model), inputs, targets, model, np)
+            # the backend's own program, and (once, on futhark-c's run) the GPU program's step
+            runs = {name: backend_steps(backend, state, step, 1)}
+            if name == "futhark-c":
+                runs[GPU] = oracle.gpu_steps(state, step, 1)
+            for losses, _, train_grad in runs.values():
+                loss = float(losses[0])
                 assert abs(loss - vjp_loss) < 1e-5 and abs(loss - float(numpy_loss)) < 1e-5
                 # float32 sums in another order: 1e-5 absolute, and 1e-5 relative for the
                 # wide model's entries near 3 (on some CPUs they differ by 4e-6 relative)
-                np.testing.assert_allclose(train_grad, backend._values(vjp_grad), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(train_grad, vjp_grad, rtol=1e-5, atol=1e-5)
                 np.testing.assert_allclose(train_grad, numpy_grad, rtol=1e-5, atol=1e-5)
                 assert np.abs(train_grad).max() > 1e-3  # a gradient, not zeros
     finally:
         backend.close()
 
 
-@pytest.mark.parametrize("blocks", [1, 2, 3, 0])
-def test_training_with_parallel_parts_matches_numpy(blocks, corpus):
+@pytest.mark.parametrize("name", ["futhark-c", MULTICORE_2_THREADS, MULTICORE_3_THREADS, GPU])
+def test_training_with_parallel_parts_matches_numpy(name, corpus):
     """train() through every form of the backward products follows NumPy."""
     model, train = MODELS["wide"], TrainConfig(num_steps=20, learning_rate=0.002, init_std=INIT_STD["wide"])
-    backend = open_backend("futhark-c", model, train, corpus)
+    backend = open_backend("futhark-c" if name == GPU else name, model, train, corpus)
     reference = open_backend("numpy", model, train, corpus)
     try:
-        kernel_model = _model_with_blocks(backend, blocks)
-        weights = backend._call("initial_weights", kernel_model, backend.get_state().params)
-        weights, losses = backend._call("train", kernel_model, weights, 12)
-        np.testing.assert_allclose(backend._values(losses), reference.train(12), rtol=0, atol=1e-4)
+        if name == GPU:
+            losses, params, _ = Oracle(backend).gpu_steps(backend.get_state(), 0, 12)
+        else:
+            losses, params = backend.train(12), backend.get_state().params
+            assert backend.library_target() == ("c" if name == "futhark-c" else "multicore")
+        np.testing.assert_allclose(losses, reference.train(12), rtol=0, atol=1e-4)
         # Adam divides by sqrt(v): where a gradient is near zero, float32 rounding
         # moves an update by up to a step; no parameter may be half a step off
-        np.testing.assert_allclose(backend._values(backend._call("get_params", weights)),
-                                   reference.get_state().params, rtol=0, atol=train.learning_rate / 2)
+        np.testing.assert_allclose(params, reference.get_state().params, rtol=0, atol=train.learning_rate / 2)
     finally:
         backend.close()
 
 
-@pytest.mark.parametrize("name", CPU_BACKENDS)
-def test_train_parallel_steps_are_trains(name, corpus):
-    """train_parallel (futhark-multicore's B = 1 entry on several threads: the
-    update pass as two parallel maps) computes train's steps: the same losses,
-    parameters and moments from the same state."""
+def test_multicores_train_computes_cs_steps(corpus):
+    """futhark-multicore's `train` (kernels/multicore.fut: the update pass as two
+    parallel maps, products in tasks) computes futhark-c's steps: the same
+    losses, parameters and moments from the same state, up to the last bits two
+    threads' sums may change."""
     model = MODELS["2layer-2head"]
-    backend = open_backend(name, model, TrainConfig(num_steps=100), corpus)
-    try:
-        backend.train(3)  # with Adam moments
-        state = backend.get_state()
-        runs = []
-        for entry in ("train", "train_parallel"):
-            weights = backend._call("new_weights", backend._model, state.params, state.m, state.v, state.step)
-            weights, losses = backend._call(entry, backend._model, weights, 10)
-            runs.append([backend._values(losses)]
-                        + [backend._values(backend._call(get, weights)) for get in ("get_params", "get_m", "get_v")])
-        for got, expected in zip(*runs):
-            assert_same_kernel_run(name, got, expected, rtol=1e-6, atol=1e-7)
-        assert np.abs(runs[1][1] - state.params).max() > 1e-4  # the steps moved the parameters
-    finally:
-        backend.close()
+    runs = []
+    for name in ("futhark-c", MULTICORE_2_THREADS):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            if name == MULTICORE_2_THREADS:
+                from engine import backends as registry
+
+                monkeypatch.setenv(fbk.THREADS_ENV, "2")
+                monkeypatch.setitem(registry._REGISTRY, name, registry._REGISTRY["futhark-multicore"])
+            backend = open_backend(name, model, TrainConfig(num_steps=100), corpus)
+            try:
+                assert backend.library_target() == ("c" if name == "futhark-c" else "multicore")
+                losses = backend.train(13)  # with Adam moments from the third
+                state = backend.get_state()
+                runs.append([losses, state.params, state.m, state.v])
+            finally:
+                backend.close()
+    for got, expected in zip(*runs):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert np.abs(runs[1][1] - open_backend("numpy", model, TrainConfig(num_steps=100), corpus)
+                  .get_state().params).max() > 1e-4  # the steps moved the parameters
 
 
 def _trained(name, model, corpus, steps=60):

@@ -1,5 +1,6 @@
-"""The Futhark backends: kernels/microgpt.fut compiled to sequential C,
-multicore C, CUDA or OpenCL, driven through futhark-ffi.
+"""The Futhark backends: kernels/c.fut compiled to sequential C,
+kernels/multicore.fut to multicore C, kernels/gpu.fut to CUDA or OpenCL,
+driven through futhark-ffi. Each program exports exactly ENTRY_POINTS.
 
 Two opaque values live in the Futhark context between calls: the model
 (dimensions, Adam's settings and the corpus, uploaded once) and the
@@ -41,15 +42,16 @@ def sample_batch(model: ModelConfig, num_samples: int) -> int:
     return max(1, min(num_samples, MAX_SAMPLE_BATCH, SAMPLE_CACHE_BYTES // per_sample))
 
 
-# `blocks` tells the kernel how its products run (kernels/model.fut's
-# `sequential`): 1 sequential C, the thread count for multicore (parallel
-# tasks from about a million multiply-adds up), 0 a GPU (always parallel).
-GPU_BLOCKS = 0
+# The entry points this module calls, in every backend's program: each
+# program of kernels/ exports exactly these (a test holds the generated
+# manifests to this list), and _call refuses any other name.
+ENTRY_POINTS = ("new_model", "new_weights", "initial_weights", "train", "train_batch",
+                "get_params", "get_m", "get_v", "get_step", "doc_losses", "sample")
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
     """The matrices the kernel reads, in layout order, with the shapes it gives them
-    (`embeddings` and `layer_at` in kernels/microgpt.fut)."""
+    (`embeddings` and `layer_at` in kernels/lib/model.fut)."""
     c, f = model.n_embd, 4 * model.n_embd
     layer = {"attn_wq": (c, c), "attn_wk": (c, c), "attn_wv": (c, c), "attn_wo": (c, c),
              "mlp_fc1": (f, c), "mlp_fc2": (c, f)}
@@ -70,22 +72,20 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
     return np.array([s.offset for s in specs], dtype=np.int64)
 
 
-def train_entry(batch_size: int, threads: int = 1) -> str:
+def train_entry(batch_size: int) -> str:
     """The kernel's training entry point for this batch size: B = 1 has its own
     (microgpt's step, unpadded), which a branch on B inside one entry slowed.
-    On several multicore threads B = 1 runs `train_parallel`, the same step
-    with its update pass as two parallel maps rather than one per section of
-    rows (each map wakes the threads); sequential C keeps `train`, which
-    that form slowed (README "Performance")."""
-    if batch_size != 1:
-        return "train_batch"
-    return "train_parallel" if threads > 1 else "train"
+    (futhark-multicore's `train` runs its update pass as two parallel maps,
+    kernels/multicore.fut; how each program runs its products is fixed when it
+    is compiled.)"""
+    return "train" if batch_size == 1 else "train_batch"
 
 
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
-                    blocks: int = 1, n_train: int | None = None) -> tuple:
-    """The arguments of the kernel's `new_model` entry point, in order. `blocks`:
-    how the kernel runs its products (see GPU_BLOCKS), 1 for sequential C.
+                    threads: int = 1, n_train: int | None = None) -> tuple:
+    """The arguments of the kernel's `new_model` entry point, in order. `threads`:
+    the multicore runtime's thread count, the tasks kernels/multicore.fut splits
+    a large backward product into (the other programs do not read it).
     n_train: the documents training cycles over, the first n_train of the
     training order (engine.data.split.DataSplit; None: all); the kernel's step
     reads documents (step * B + b) % (the documents it is given) for b < B,
@@ -95,7 +95,7 @@ def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, spec
     return (
         model.n_embd, model.n_layer, model.n_head, model.block_size, corpus.vocab_size,
         float(train.learning_rate), float(train.beta1), float(train.beta2), float(train.eps),
-        train.num_steps, train.warmup_steps, blocks, train.batch_size,
+        train.num_steps, train.warmup_steps, threads, train.batch_size,
         layout_offsets(specs, model, corpus.vocab_size),
         np.ascontiguousarray(arrays.tokens, dtype=np.int32),
         np.ascontiguousarray(arrays.offsets[docs], dtype=np.int64),
@@ -110,13 +110,9 @@ class FutharkBackend(Backend):
     def _setup(self, params: np.ndarray) -> None:
         self._fut = open_context(self.library_target(), self.threads())
         self._model = self._call("new_model", *model_arguments(
-            self.model, self.train_config, self.corpus, self.specs, self.blocks(), self.split.n_train))
+            self.model, self.train_config, self.corpus, self.specs, self.threads() or 1, self.split.n_train))
         self._lost = ""  # why the weights are gone (a failed train call consumed them)
         self._weights = self._call("initial_weights", self._model, np.ascontiguousarray(params, np.float32))
-
-    def blocks(self) -> int:
-        """How the kernel runs its products (GPU_BLOCKS' comment)."""
-        return 1
 
     def threads(self) -> int | None:
         """The multicore runtime's thread count; None: Futhark's default."""
@@ -129,6 +125,8 @@ class FutharkBackend(Backend):
     # futhark-ffi reports a failed entry point or sync as ValueError with the
     # context's message; nothing was replaced yet when that happens.
     def _call(self, entry: str, *args):
+        if entry not in ENTRY_POINTS:
+            raise ValueError(f"{entry!r} is not one of the Futhark programs' entry points {ENTRY_POINTS}")
         try:
             return getattr(self._fut, entry)(*args)
         except ValueError as exc:
@@ -149,7 +147,7 @@ class FutharkBackend(Backend):
         weights, self._weights = self._current_weights(), None  # consumed by the call, whatever happens
         self._lost = f"a failed train call at step {self.step} used them up (load a checkpoint or reset to go on)"
         try:
-            weights, losses = self._call(train_entry(self.train_config.batch_size, self.threads() or 1),
+            weights, losses = self._call(train_entry(self.train_config.batch_size),
                                          self._model, weights, k)
             losses = self._values(losses)  # syncs: errors of the steps surface here
         except BackendError as exc:
@@ -278,20 +276,12 @@ class FutharkMulticoreBackend(FutharkBackend):
         # which made a one-thread multicore step 15-45% slower than futhark-c's.
         return "multicore" if self.threads() > 1 else "c"
 
-    def blocks(self) -> int:
-        return self.threads()  # Futhark's scheduler runs one task per thread
 
-
-class FutharkGpuBackend(FutharkBackend):
-    def blocks(self) -> int:
-        return GPU_BLOCKS
-
-
-class FutharkCudaBackend(FutharkGpuBackend):
+class FutharkCudaBackend(FutharkBackend):
     name, target = "futhark-cuda", "cuda"
 
 
-class FutharkOpenCLBackend(FutharkGpuBackend):
+class FutharkOpenCLBackend(FutharkBackend):
     name, target = "futhark-opencl", "opencl"
 
 

@@ -3,7 +3,7 @@ C and its staleness check (generated.py), and building and caching the CFFI
 extension a backend opens (build.py). Imports nothing from engine but errors
 and data; the backends use it, never the other way round.
 
-Regenerate kernels/generated/ after editing kernels/*.fut:
+Regenerate kernels/generated/ after editing kernels/**/*.fut:
     python -m engine.futhark --regenerate
 """
 from .build import DESCRIPTIONS, import_library, probe

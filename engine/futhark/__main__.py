@@ -1,6 +1,7 @@
 """`python -m engine.futhark --regenerate`: rewrite kernels/generated/ from
-kernels/*.fut with the Futhark compiler found (FUTHARK, or futhark on PATH);
-`--check`: exit 1, saying why, if kernels/generated/ is out of step."""
+kernels/**/*.fut (each build's program, generated.PROGRAMS) with the Futhark
+compiler found (FUTHARK, or futhark on PATH); `--check`: exit 1, saying why,
+if kernels/generated/ is out of step."""
 from __future__ import annotations
 
 import argparse

@@ -29,8 +29,9 @@ from ..data.corpus import user_cache_dir
 from ..errors import BackendError
 from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
 from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13
-from .generated import (GENERATED_FILES, KERNEL, KERNEL_DIR, TARGETS, generate, generated_dir,
-                        kernel_sources, shipped_digest, shipped_problem, shipped_version, source_hashes)
+from .generated import (BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, TARGETS, generate,
+                        generated_dir, kernel_sources, shipped_digest, shipped_problem, shipped_version,
+                        source_hashes)
 from .lock import FileLock
 from .tools import (Compiler, CompilerNotFound, cuda_toolkit_root, device_problem, ffi_problem,
                     find_compiler, first_error_lines, run_logged)
@@ -41,6 +42,7 @@ DESCRIPTIONS = {
     "multicore": "multicore C",
     "cuda": "CUDA",
     "opencl": "OpenCL",
+    ORACLE: "the tests' vjp oracle in sequential C",
 }
 # How long a first build takes, measured (issue 20: 21-34 s for futhark-c, clang 14
 # and gcc 12 on a loaded 2-core machine); a local build also runs the Futhark compiler.
@@ -133,8 +135,8 @@ def _cuda_paths(target: str, env: dict[str, str]) -> dict[str, str]:
 
 def plan(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -> Plan:
     """What a build of target needs and where it goes; BackendError saying why it cannot run."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown Futhark target {target!r}; choose from {', '.join(TARGETS)}")
+    if target not in BUILDS:
+        raise ValueError(f"unknown Futhark build {target!r}; choose from {', '.join(BUILDS)}")
     problem = ffi_problem()
     cc = None if problem else find_c_compiler()
     problem = problem or (None if cc else NO_C_COMPILER) or device_problem(target)
@@ -278,7 +280,8 @@ def _compile(this: Plan) -> None:
     work = Path(tempfile.mkdtemp(prefix=f".{libdir.name}.", dir=libdir.parent))
     try:
         with open(log, "a", encoding="utf-8") as out:
-            out.write(f"microgpt-gui: building {KERNEL} for Futhark's {target} backend, "
+            out.write(f"microgpt-gui: building {KERNEL} ({PROGRAMS[target].source}) for Futhark's "
+                      f"{PROGRAMS[target].target} backend, "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n" + "".join(f"  {p}\n" for p in this.key_parts) + "\n")
             if origin.kind == "local":
                 try:

@@ -1,13 +1,17 @@
 """The generated C shipped in kernels/generated/, and the check that keeps it
 in step with the kernel sources.
 
-kernels/generated/<target>/ holds exactly what `futhark <target> --library`
-writes (microgpt.c, .h, .json); kernels/generated/manifest.json records the
-Futhark version that wrote them, the SHA-256 of every kernel source they
-came from (kernels/**/*.fut) and of every generated file. The shipped code
-for a target is used only while all of those still match; otherwise a
-Futhark compiler has to compile the kernels, and REGENERATE_COMMAND
-refreshes the folder.
+Each build compiles one program of kernels/ (PROGRAMS): the backends' c.fut,
+multicore.fut and gpu.fut (for cuda and opencl), each exporting exactly the
+entry points its backend calls, and the tests' oracle, tests/oracle.fut,
+for c alone. kernels/generated/<build>/ holds exactly what
+`futhark <target> --library -o microgpt <program>` writes (microgpt.c, .h,
+.json); kernels/generated/manifest.json records the Futhark version that
+wrote them, the SHA-256 of every kernel source they came from
+(kernels/**/*.fut, kernels/lib/ and kernels/tests/ included) and of every
+generated file. The shipped code for a build is used only while all of
+those still match; otherwise a Futhark compiler has to compile the kernels,
+and REGENERATE_COMMAND refreshes the folder.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
@@ -26,8 +31,26 @@ from .tools import Compiler, first_error_lines, run_logged
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 GENERATED = "generated"  # kernels/generated: not a kernel source
-KERNEL = "microgpt"
-TARGETS = ("c", "multicore", "cuda", "opencl")
+KERNEL = "microgpt"  # every generated library's name: microgpt.c, .h and .json
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one build compiles: a program of kernels/ and Futhark's backend for it."""
+    source: str  # relative to kernels/
+    target: str  # `futhark <target> --library`
+
+
+TARGETS = ("c", "multicore", "cuda", "opencl")  # the backends' builds, named by their Futhark target
+ORACLE = "oracle"  # the tests' build: grad_vjp and the GPU step in sequential C
+PROGRAMS = {
+    "c": Program("c.fut", "c"),
+    "multicore": Program("multicore.fut", "multicore"),
+    "cuda": Program("gpu.fut", "cuda"),
+    "opencl": Program("gpu.fut", "opencl"),
+    ORACLE: Program("tests/oracle.fut", "c"),
+}
+BUILDS = tuple(PROGRAMS)
 GENERATED_FILES = tuple(f"{KERNEL}.{ext}" for ext in ("c", "h", "json"))
 MANIFEST = "manifest.json"
 REGENERATE_COMMAND = "python -m engine.futhark --regenerate"
@@ -37,9 +60,11 @@ def kernel_sources(kernel_dir: Path = KERNEL_DIR) -> dict[str, bytes]:
     """Every .fut file under kernel_dir except the generated folder, by relative path."""
     files = sorted(f for f in kernel_dir.rglob("*.fut")
                    if f.relative_to(kernel_dir).parts[0] != GENERATED)
-    if not any(f.relative_to(kernel_dir).as_posix() == f"{KERNEL}.fut" for f in files):
-        raise BackendError(f"the kernel source {kernel_dir / (KERNEL + '.fut')} is missing")
-    return {f.relative_to(kernel_dir).as_posix(): f.read_bytes() for f in files}
+    sources = {f.relative_to(kernel_dir).as_posix(): f.read_bytes() for f in files}
+    for program in sorted({p.source for p in PROGRAMS.values()}):
+        if program not in sources:
+            raise BackendError(f"the kernel program {kernel_dir / program} is missing")
+    return sources
 
 
 def sha256(data: bytes) -> str:
@@ -100,7 +125,8 @@ def sources_problem(kernel_dir: Path = KERNEL_DIR, sources: Mapping[str, bytes] 
 
 
 def target_problem(target: str, kernel_dir: Path = KERNEL_DIR) -> str | None:
-    """Why target's shipped files cannot be used as they are (missing or edited), or None."""
+    """Why build `target`'s shipped files (a backend's target, or ORACLE) cannot be
+    used as they are (missing or edited), or None."""
     manifest = read_manifest(kernel_dir)
     recorded = (manifest or {}).get("generated", {}).get(target)
     folder = generated_dir(kernel_dir) / target
@@ -123,7 +149,7 @@ def shipped_problem(target: str, kernel_dir: Path = KERNEL_DIR,
 
 def check(kernel_dir: Path = KERNEL_DIR) -> list[str]:
     """Every problem with the generated folder (empty when it is in step)."""
-    problems = [sources_problem(kernel_dir)] + [target_problem(t, kernel_dir) for t in TARGETS]
+    problems = [sources_problem(kernel_dir)] + [target_problem(b, kernel_dir) for b in BUILDS]
     return [p for p in problems if p]
 
 
@@ -140,16 +166,23 @@ def shipped_version(kernel_dir: Path = KERNEL_DIR) -> str | None:
 
 # -- generating ----------------------------------------------------------------
 
+def generate_command(compiler_path: str, build: str) -> list[str]:
+    """The command that generates build's code: `futhark <target> --library -o microgpt <program>`."""
+    program = PROGRAMS[build]
+    return [compiler_path, program.target, "--library", "-o", KERNEL, program.source]
+
+
 def generate(compiler: Compiler, target: str, sources: Mapping[str, bytes], work: Path, log) -> None:
-    """`futhark <target> --library` over a copy of the sources in work, which then
-    holds GENERATED_FILES; raises BackendError with the compiler's first error."""
+    """Build `target`'s program (a backend's target, or ORACLE) compiled by
+    `futhark <its target> --library` over a copy of the sources in work, which
+    then holds GENERATED_FILES; raises BackendError with the compiler's first error."""
     for name, data in sources.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_bytes(data)
-    status, output = run_logged([compiler.path, target, "--library", "-o", KERNEL, f"{KERNEL}.fut"], log, work)
+    status, output = run_logged(generate_command(compiler.path, target), log, work)
     if status != 0:
-        raise BackendError(f"Futhark {compiler.version} could not compile the kernels for the "
-                           f"{target} backend:\n{first_error_lines(output)}")
+        raise BackendError(f"Futhark {compiler.version} could not compile {PROGRAMS[target].source} for the "
+                           f"{target} build:\n{first_error_lines(output)}")
 
 
 def _generate_one(compiler: Compiler, target: str, sources: Mapping[str, bytes], work: Path) -> dict[str, bytes]:
@@ -168,10 +201,12 @@ def regenerate(compiler: Compiler, kernel_dir: Path = KERNEL_DIR, say=print) -> 
     sources = kernel_sources(kernel_dir)
     folder = generated_dir(kernel_dir)
     with tempfile.TemporaryDirectory(prefix="microgpt-regenerate-") as tmp:
-        say(f"generating {', '.join(TARGETS)} with Futhark {compiler.version} ({compiler.path})")
-        with ThreadPoolExecutor(max_workers=max(1, min(len(TARGETS), os.cpu_count() or 1))) as pool:
-            outputs = dict(zip(TARGETS, pool.map(
-                lambda t: _generate_one(compiler, t, sources, Path(tmp)), TARGETS)))
+        say(f"generating {', '.join(BUILDS)} with Futhark {compiler.version} ({compiler.path})")
+        with ThreadPoolExecutor(max_workers=max(1, min(len(BUILDS), os.cpu_count() or 1))) as pool:
+            outputs = dict(zip(BUILDS, pool.map(
+                lambda b: _generate_one(compiler, b, sources, Path(tmp)), BUILDS)))
+    for old in (d for d in folder.iterdir() if d.is_dir() and d.name not in outputs) if folder.is_dir() else ():
+        shutil.rmtree(old)  # a build that no longer exists
     for target, files in outputs.items():
         target_dir = folder / target
         if target_dir.exists():
@@ -182,7 +217,8 @@ def regenerate(compiler: Compiler, kernel_dir: Path = KERNEL_DIR, say=print) -> 
         say(f"  {target_dir}: " + ", ".join(f"{n} {len(d):,} bytes" for n, d in files.items()))
     manifest = {
         "futhark": compiler.version,
-        "command": f"futhark <target> --library -o {KERNEL} {KERNEL}.fut",
+        "command": f"futhark <target> --library -o {KERNEL} <program>",
+        "programs": {b: {"source": p.source, "target": p.target} for b, p in PROGRAMS.items()},
         "regenerate": REGENERATE_COMMAND,
         "kernel_sources": source_hashes(sources),
         "generated": {t: {n: sha256(d) for n, d in files.items()} for t, files in outputs.items()},

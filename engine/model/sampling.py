@@ -10,7 +10,7 @@ after that each new token is one forward step (engine.model.gpt.forward with a
 KVCache) for all the rows still going, instead of recomputing every earlier
 position.
 
-The draw (NumPy, CuPy and kernels/sample.fut alike, so a seed gives the same
+The draw (NumPy, CuPy and kernels/lib/sample.fut alike, so a seed gives the same
 names on every backend):
 - key = splitmix64(splitmix64(splitmix64(seed) ^ sample) ^ position), where
   splitmix64(x) is SplitMix64's output for the state x (add 0x9E3779B97F4A7C15,

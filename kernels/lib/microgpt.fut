@@ -1,11 +1,15 @@
--- | microgpt's training and sampling entry points, compiled to sequential C,
--- multicore C, CUDA or OpenCL (`futhark <target> --library microgpt.fut`).
+-- | What the programs' entry points are made of (kernels/c.fut,
+-- multicore.fut, gpu.fut and tests/oracle.fut: each exports exactly what
+-- its backend calls): the model and weights the host holds, the training
+-- steps and their loop, the held-out losses and the sampler's call.
 --
--- kernels/model.fut is the network, kernels/train.fut one training step
--- with its hand-written backward pass and Adam, kernels/sample.fut the
--- sampler.  Parameters live in one flat f32 buffer in engine/params.py's
--- order; the host passes the offset of each matrix (`layout`), which
--- `new_weights` checks.
+-- model.fut is the network, train.fut one training step with its
+-- hand-written backward pass and Adam, batch.fut a step over B > 1
+-- documents, sample.fut the sampler.  Parameters live in one flat f32
+-- buffer in engine/params.py's order; the host passes the offset of each
+-- matrix (`layout`), which `new_weights` checks.  The way the backward
+-- products run (model.fut's `products`) is each program's, fixed when it
+-- is compiled.
 
 import "model"
 import "train"
@@ -17,10 +21,11 @@ import "batch"
 -- corpus as N tokens of D documents, document i being
 -- tokens[offsets[i] : offsets[i] + lengths[i]] = [bos] ++ name ++ [bos],
 -- of which a step reads the first windows[i] + 1 (see `window`).
--- `blocks`: how the backward products run (model.fut's back_linear): 1
--- for sequential C, the number of threads for multicore, 0 for a GPU.
+-- `threads`: the multicore runtime's thread count, the tasks
+-- futhark-multicore splits a large product into (#tasks; the other
+-- programs do not read it).
 type model [l][n][d] =
-  {dims: dims, adam: adam, blocks: i64, batch: i64, layout: [l]i64,
+  {dims: dims, adam: adam, threads: i64, batch: i64, layout: [l]i64,
    tokens: [n]i32, offsets: [d]i64, windows: [d]i64}
 
 -- | What training changes: P parameters, their Adam moments and the step.
@@ -52,10 +57,10 @@ def window [l][n][d] (s: model [l][n][d]) (step: i64): (i64, i64) =
   in (s.offsets[doc], s.windows[doc])
 
 -- | Loss and gradient sources of one document at params (P / C, C).
-def step_sources [l][n][d][rows][c][t] (s: model [l][n][d]) (params: [rows][c]f32)
+def step_sources [l][n][d][rows][c][t] (products: products) (s: model [l][n][d]) (params: [rows][c]f32)
                                           (inputs: [t]i32) (targets: [t]i32) =
   let (c3, f, nv, nl) = (3 * c, 4 * c, s.dims.vocab, s.dims.n_layer)
-  let (loss, sources) = backward s.dims s.layout s.blocks (flatten params) inputs targets
+  let (loss, sources) = backward s.dims s.layout products (flatten params) inputs targets
   -- a copy (a few T-row arrays) that does not alias params, which the
   -- in-place update consumes
   in (loss, copy sources :> sources [t][c][c3][f][nv][nl][2 + 7 * nl])
@@ -118,25 +123,26 @@ type^ advance [rows][c] =
   i64 -> *[rows][c]f32 -> *[rows][c]f32 -> *[rows][c]f32 -> (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32)
 
 -- | One document per step (microgpt's step): document step % D, unpadded.
-def one_document [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
+def one_document [rows][c][l][n][d] (products: products) (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (start, t) = window s step
-  let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
+  let (loss, sources) = step_sources products s params (s.tokens[start:start + t] :> [t]i32)
                                      (s.tokens[start + 1:start + 1 + t] :> [t]i32)
   let ok = finite loss && gradient_is_finite (rows * c) t sources
   let (params, m, v) = update_all s.dims (adam_at s.adam step ok) t sources params m v
   in (loss, ok, params, m, v)
 
 -- | one_document with the update pass as two parallel maps
--- (update_all_merged), for the multicore backend on several threads.  Its
--- own step and entry point: a branch between the two passes inside one
--- step copied the buffers (a futhark-c s256 step took 11.7 ms against 8.1).
-def one_document_merged [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
+-- (update_all_merged), for the multicore backend on several threads
+-- (multicore.fut's `train`).  Its own step: a branch between the two
+-- passes inside one step copied the buffers (a futhark-c s256 step took
+-- 11.7 ms against 8.1).
+def one_document_merged [rows][c][l][n][d] (products: products) (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (start, t) = window s step
-  let (loss, sources) = step_sources s params (s.tokens[start:start + t] :> [t]i32)
+  let (loss, sources) = step_sources products s params (s.tokens[start:start + t] :> [t]i32)
                                      (s.tokens[start + 1:start + 1 + t] :> [t]i32)
   let ok = finite loss && gradient_is_finite (rows * c) t sources
   let (params, m, v) = update_all_merged s.dims (adam_at s.adam step ok) t sources params m v
@@ -144,14 +150,14 @@ def one_document_merged [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
 
 -- | B documents per step (batch.fut's batch_sources): the B documents'
 -- positions are one set of sources, the gradient of the batch's mean loss.
-def batch_of_documents [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
+def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let b = s.batch
   let lengths = batch_lengths s.windows b step
   let t = i64.maximum lengths
   let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
-  let (loss, sources) = batch_sources s.dims s.layout s.blocks params tokens lengths
+  let (loss, sources) = batch_sources s.dims s.layout products params tokens lengths
   let ok = finite loss && gradient_is_finite (rows * c) t sources
   let (params, m, v) = update_all s.dims (adam_at s.adam step ok) t sources params m v
   in (loss, ok, params, m, v)
@@ -174,20 +180,22 @@ def train_steps [rows][c] (advance: advance [rows][c]) ({params, m, v, step}: *w
       in (params, m, v, if ok then step + 1 else step, losses with [i] = reported, if ok then i + 1 else k)
   in ({params, m, v, step}, losses)
 
--- * Entry points
+-- * What the entry points return
 --
 -- The model and the weights are opaque to the host.  Their fields are
 -- read back through small getters rather than record projection, which
--- futhark-ffi lacks.
+-- futhark-ffi lacks.  Each program's `train` binds the weights' fields one
+-- by one: a record passed whole counts as self-aliased where train_steps
+-- consumes its fields.
 
-entry new_model [l][n][d]
+def model_of [l][n][d]
     (n_embd: i64) (n_layer: i64) (n_head: i64) (block_size: i64) (vocab: i64)
     (learning_rate: f64) (beta1: f64) (beta2: f64) (eps: f64) (num_steps: i64)
-    (warmup_steps: i64) (blocks: i64) (batch: i64)
+    (warmup_steps: i64) (threads: i64) (batch: i64)
     (layout: [l]i64) (tokens: [n]i32) (offsets: [d]i64) (lengths: [d]i32)
     : model [l][n][d] =
   let dims = {n_embd, n_layer, n_head, block_size, vocab}
-  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps, warmup_steps}, blocks, batch, layout, tokens,
+  in {dims, adam = {learning_rate, beta1, beta2, eps, num_steps, warmup_steps}, threads, batch, layout, tokens,
       offsets,
       windows = map (\length -> i64.min block_size (i64.i32 length - 1)) lengths}
 
@@ -198,41 +206,10 @@ def weights_of [p][l][n][d] (s: model [l][n][d]) (params: [p]f32) (m: [p]f32) (v
   let c = s.dims.n_embd
   in assert (layout_fits s.dims p s.layout) {params = as_rows c params, m = as_rows c m, v = as_rows c v, step}
 
-entry new_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32) (m: [p]f32) (v: [p]f32)
-                               (step: i64): weights [p / s.dims.n_embd][s.dims.n_embd] =
-  weights_of s params m v step
-
 -- | A run's first weights: params with zero moments, at step 0.
-entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
-                                   : weights [p / s.dims.n_embd][s.dims.n_embd] =
+def first_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
+                               : weights [p / s.dims.n_embd][s.dims.n_embd] =
   weights_of s params (replicate p 0) (replicate p 0) 0
-
--- | k steps of one document each (B = 1: microgpt's step, no padding or
--- mask).  Its own entry point: with both steps behind a branch on the
--- batch size in one entry, sequential C ran B = 1 steps 13-26% slower
--- (tiny to s128).
-entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                               : (weights [rows][c], [k]f32) =
-  -- the record's fields, bound one by one: a record passed whole counts as
-  -- self-aliased where train_steps consumes its fields
-  train_steps (one_document s) {params, m, v, step} k
-
--- | `train` with the update pass as two parallel maps (one_document_merged):
--- futhark-multicore's B = 1 entry on several threads, where each parallel
--- map costs a wake-up of the threads.
-entry train_parallel [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                                        : (weights [rows][c], [k]f32) =
-  train_steps (one_document_merged s) {params, m, v, step} k
-
--- | k steps of the model's batch size B > 1 documents each.
-entry train_batch [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                                     : (weights [rows][c], [k]f32) =
-  train_steps (batch_of_documents s) {params, m, v, step} k
-
-entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
-entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m
-entry get_v [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.v
-entry get_step [rows][c] (w: weights [rows][c]): i64 = w.step
 
 -- | The summed cross-entropy of each of H documents padded to T + 1 tokens
 -- (inputs tokens[:, :T], targets one further) over its first lengths[i]
@@ -245,35 +222,16 @@ def doc_loss_sums [p][h][t1] (d: dims) (layout: []i64) (tokens: [h][t1]i32) (len
     in f32.sum (map2 (\i x -> if i < length then x else 0) (iota t) losses)
   in map2 doc tokens lengths
 
--- | The loss and gradient of training step `step` at the weights'
--- parameters, from `vjp` of model.fut's `loss` (at B > 1, of the mean of
--- doc_loss_sums over the batch's real positions): the oracle the tests
--- hold training's own gradient to (with beta1 = 0, Adam's first moment
--- after a step is exactly that step's gradient).
-entry grad_vjp [rows][c][l][n][d] (s: model [l][n][d]) (w: weights [rows][c]) (step: i64)
-                                  : (f32, [rows * c]f32) =
-  if s.batch == 1 then
-    let (start, t) = window s step
-    let inputs = s.tokens[start:start + t] :> [t]i32
-    let targets = s.tokens[start + 1:start + 1 + t] :> [t]i32
-    in vjp2 (loss s.dims s.layout inputs targets) (flatten w.params) 1
-  else
-    let lengths = batch_lengths s.windows s.batch step
-    let t = i64.maximum lengths
-    let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
-    let mean flat = f32.sum (doc_loss_sums s.dims s.layout tokens lengths flat) / f32.i64 (i64.sum lengths)
-    in vjp2 mean (flatten w.params) 1
-
 -- | The held-out loss's parts: for H documents padded to T + 1 tokens,
 -- each document's summed cross-entropy over its first lengths[i]
 -- positions (doc_loss_sums), and that count.
-entry doc_losses [rows][c][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [rows][c]) (tokens: [h][t1]i32)
+def held_out_losses [rows][c][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [rows][c]) (tokens: [h][t1]i32)
                                      (lengths: [h]i64): ([h]f32, [h]i64) =
   (doc_loss_sums s.dims s.layout tokens lengths (flatten w.params), lengths)
 
 -- | num_samples names (samples first .. first + num_samples - 1) after bos
 -- and the prefix, of at most max_length characters: row j holds the
 -- max_length - len(prefix) tokens drawn after the prefix, then bos to the end.
-entry sample [rows][c][l][n][d][np] (s: model [l][n][d]) (w: weights [rows][c]) (prefix: [np]i32) (num_samples: i64)
+def sample_names [rows][c][l][n][d][np] (s: model [l][n][d]) (w: weights [rows][c]) (prefix: [np]i32) (num_samples: i64)
                               (temperature: f64) (seed: u64) (first: i64) (max_length: i64): [num_samples][]i32 =
   sample_tokens s.dims s.layout (flatten w.params) prefix num_samples temperature seed first max_length

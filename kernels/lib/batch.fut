@@ -40,9 +40,9 @@ def end_to_end [b][t][c][c3][f][v][l][k] (docs: [b](sources [t][c][c3][f][v][l][
 
 -- | The batch's mean loss over its real positions, and its gradient
 -- sources: document j's positions are B T positions' j T .. j T + T - 1.
--- `blocks`: the host's (model.fut's back_linear); a document's products
+-- `blocks`: the program's (model.fut's back_linear); a document's products
 -- run sequentially on the CPU backends, in parallel on a GPU.
-def batch_sources [rows][c][b][t1][l] (d: dims) (layout: [l]i64) (blocks: i64) (params: [rows][c]f32)
+def batch_sources [rows][c][b][t1][l] (d: dims) (layout: [l]i64) (blocks: products) (params: [rows][c]f32)
                                       (tokens: [b][t1]i32) (lengths: [b]i64)
     : (f32, *sources [b * (t1 - 1)][c][3 * c][4 * c][d.vocab][d.n_layer][2 + 7 * d.n_layer]) =
   let t = t1 - 1
@@ -51,7 +51,7 @@ def batch_sources [rows][c][b][t1][l] (d: dims) (layout: [l]i64) (blocks: i64) (
   let (_, _, lm_head) = embeddings flat layout nv d.block_size c
   let count = i64.sum lengths
   let scale = 1 / f32.i64 count
-  let inner = if blocks == 0 then 0 else 1
+  let inner: products = match blocks case #gpu -> #gpu case _ -> #sequential
   let doc row n =
     let inputs = row[:t] :> [t]i32
     let fw = forward_train d c f h nl layout flat inputs

@@ -1,6 +1,6 @@
 -- | microgpt's network: the parameter layout, the building blocks and one
--- transformer layer, shared by training (kernels/train.fut), the `vjp`
--- oracle (kernels/microgpt.fut) and sampling (kernels/sample.fut).
+-- transformer layer, shared by training (train.fut), the `vjp`
+-- oracle (kernels/tests/oracle.fut) and sampling (sample.fut).
 --
 -- The same model as engine/model.py (the NumPy reference), in f32:
 --
@@ -19,16 +19,18 @@
 def dot [n] (xs: [n]f32) (ys: [n]f32): f32 =
   f32.sum (map2 (*) xs ys)
 
--- | How a backward product runs, from the host's `blocks` (back_linear):
--- 1 is sequential C, 0 a GPU (always parallel), more is the number of
--- threads of the multicore backend, which splits a product into parallel
--- tasks only from `parallel_work` multiply-adds up: waking the scheduler's
--- threads costs tens of microseconds (at s128, where a product is about
--- 100,000 multiply-adds, parallel tasks made the step 20% slower).
-def parallel_work: i64 = 1 << 20
+-- | How a program runs its backward products (back_linear), chosen when
+-- it is compiled (each program in kernels/ passes its own): sequential C
+-- adds the rows in one loop, the multicore backend splits a product into
+-- n parallel tasks (its thread count) from `parallel_work` multiply-adds
+-- up (below that, sequentially: waking the scheduler's threads costs tens
+-- of microseconds, and at s128, where a product is about 100,000
+-- multiply-adds, parallel tasks made the step 20% slower), and a GPU runs
+-- a thread per position and column.  A constructor the program fixes, so
+-- Futhark compiles only that strategy's code into it.
+type products = #sequential | #tasks i64 | #gpu
 
-def sequential (blocks: i64) (work: i64): bool =
-  blocks == 1 || (blocks > 1 && work < parallel_work)
+def parallel_work: i64 = 1 << 20
 
 -- | x @ w.T for x (T, I) and a weight w (O, I) stored as (out, in).
 --
@@ -49,18 +51,17 @@ def matmul [n][k][m] (a: [n][k]f32) (b: [k][m]f32): *[n][m]f32 =
 -- | dy @ w for dy (T, O) and w (O, I): the gradient of `linear` with
 -- respect to its input, as sums of rows of w.
 --
--- Sequential code (blocks = 1) adds the rows of w into the (T, I) sums in
--- place, four rows of w per pass over the sums (rows past O get a zero
+-- Sequentially, the rows of w are added into the (T, I) sums in place,
+-- four rows of w per pass over the sums (rows past O get a zero
 -- coefficient): w is read once, contiguously, and the sums stay in cache.
 -- A sum over each column of w instead would read it with a stride of I.
--- The multicore backend splits w's rows into `blocks` parts, one task
--- each adding its rows into sums of its own, which are then added: w is
--- still read once and contiguously; a GPU (blocks = 0) runs a thread per
--- position and column.
+-- #tasks n splits w's rows into n parts, one task each adding its rows
+-- into sums of its own, which are then added: w is still read once and
+-- contiguously; #gpu runs a thread per position and column.
 -- Inlined: called as a function, it read a weight matrix of the flat
 -- buffer from the buffer's start (wrong gradients with Futhark 0.25.34).
 #[inline]
-def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f32 =
+def back_linear [t][o][i] (products: products) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f32 =
   let quads = (o + 3) / 4
   -- rows 4q .. 4q + 3 of w added with position s's coefficients, at column j
   let quad s q j = #[unsafe]
@@ -68,28 +69,32 @@ def back_linear [t][o][i] (blocks: i64) (dy: [t][o]f32) (w: [o][i]f32): *[t][i]f
                    let ((d0, r0), (d1, r1)) = (term (4 * q), term (4 * q + 1))
                    let ((d2, r2), (d3, r3)) = (term (4 * q + 2), term (4 * q + 3))
                    in d0 * w[r0, j] + d1 * w[r1, j] + d2 * w[r2, j] + d3 * w[r3, j]
-  in if sequential blocks (t * o * i) then
-       #[unsafe]
-       loop acc = replicate t (replicate i 0f32) for q < quads do
-         loop acc for s < t do
-           loop acc for j < i do acc with [s, j] = acc[s, j] + quad s q j
-     else if blocks > 1 then
-       -- one task per block of w's rows, each adding its rows into (T, I)
-       -- sums of its own as the sequential code does (its part of w read
-       -- once, contiguously), then the blocks' sums added: at gpt2-small on
-       -- two threads the backward pass took 20.6-20.8 ms this way against
-       -- 26.7 with a task per block of columns, which read half of each row
-       let per = (quads + blocks - 1) / blocks
-       let parts = map (\b -> let q0 = b * per
-                              let n = i64.max 0 (i64.min quads (q0 + per) - q0)
-                              in #[unsafe]
-                                 loop acc = replicate t (replicate i 0f32) for qq < n do
-                                   loop acc for s < t do
-                                     loop acc for j < i do acc with [s, j] = acc[s, j] + quad s (q0 + qq) j)
-                       (iota blocks)
-       in tabulate_2d t i (\s j -> #[unsafe] loop sum = parts[0, s, j] for b < blocks - 1 do sum + parts[b + 1, s, j])
-     else
-       -- a GPU: one thread per position and column (indexed: `unflatten parts`
+  let sequential_sum () =
+    #[unsafe]
+    loop acc = replicate t (replicate i 0f32) for q < quads do
+      loop acc for s < t do
+        loop acc for j < i do acc with [s, j] = acc[s, j] + quad s q j
+  in match products
+     case #sequential -> sequential_sum ()
+     case #tasks blocks ->
+       if t * o * i < parallel_work then sequential_sum ()
+       else
+         -- one task per block of w's rows, each adding its rows into (T, I)
+         -- sums of its own as the sequential code does (its part of w read
+         -- once, contiguously), then the blocks' sums added: at gpt2-small on
+         -- two threads the backward pass took 20.6-20.8 ms this way against
+         -- 26.7 with a task per block of columns, which read half of each row
+         let per = (quads + blocks - 1) / blocks
+         let parts = map (\b -> let q0 = b * per
+                                let n = i64.max 0 (i64.min quads (q0 + per) - q0)
+                                in #[unsafe]
+                                   loop acc = replicate t (replicate i 0f32) for qq < n do
+                                     loop acc for s < t do
+                                       loop acc for j < i do acc with [s, j] = acc[s, j] + quad s (q0 + qq) j)
+                         (iota blocks)
+         in tabulate_2d t i (\s j -> #[unsafe] loop sum = parts[0, s, j] for b < blocks - 1 do sum + parts[b + 1, s, j])
+     case #gpu ->
+       -- one thread per position and column (indexed: `unflatten parts`
        -- made the sequential C build 20-30% slower at tiny and s32)
        let parts = map (\p -> let (s, j) = (p / i, p % i)
                               in #[unsafe] loop acc = 0f32 for q < quads do acc + quad s q j)

@@ -3,7 +3,7 @@
 -- loss_and_grad) computes the gradients of the activations from the
 -- step's weights, and one pass over the parameters then computes each row's
 -- weight gradient and applies Adam to it, in place.  `vjp` of model.fut's
--- `loss` is the oracle the tests hold this gradient to (microgpt.fut's
+-- `loss` is the oracle the tests hold this gradient to (tests/oracle.fut's
 -- `grad_vjp`).
 --
 -- Why this shape (measured: README "Performance"):
@@ -96,7 +96,7 @@ type layer_grads [t][c][c3][f] =
 
 -- | Back through one layer: the gradient with respect to its input, and
 -- the activation gradients of its weights.  `blocks`: see back_linear.
-def block_back [t][c][c3][f][h] (blocks: i64) (w: layer [c][c3][f]) (a: layer_acts [t][c][f][h])
+def block_back [t][c][c3][f][h] (blocks: products) (w: layer [c][c3][f]) (a: layer_acts [t][c][f][h])
                                 (dx: [t][c]f32): (*[t][c]f32, *layer_grads [t][c][c3][f]) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
@@ -130,7 +130,7 @@ type sources [t][c][c3][f][v][l][k] =
 -- gradient of the loss with respect to its logits, from the parameters
 -- `flat` (read only: every product here reads the weights before any
 -- update).
-def backward_from [p][t][c][f][h][nl][v] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32)
+def backward_from [p][t][c][f][h][nl][v] (d: dims) (layout: []i64) (blocks: products) (flat: [p]f32)
                                          (inputs: [t]i32)
                                          (fw: {x0: [t][c]f32, r0: [t]f32, acts: [nl](layer_acts [t][c][f][h]),
                                                x: [t][c]f32})
@@ -166,7 +166,7 @@ def backward_from [p][t][c][f][h][nl][v] (d: dims) (layout: []i64) (blocks: i64)
 
 -- | One document's loss and its gradient sources, from the parameters
 -- `flat` (read only).
-def backward [p][t] (d: dims) (layout: []i64) (blocks: i64) (flat: [p]f32) (inputs: [t]i32)
+def backward [p][t] (d: dims) (layout: []i64) (blocks: products) (flat: [p]f32) (inputs: [t]i32)
                     (targets: [t]i32) =
   let (v, b, c) = (d.vocab, d.block_size, d.n_embd)
   let (f, h, nl) = (4 * c, d.n_head, d.n_layer)
@@ -264,7 +264,7 @@ def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period:
 
 -- | update_all as two parallel maps, one over the embeddings and lm_head
 -- and one over every layer's rows, for the multicore backend on several
--- threads (microgpt.fut's `train_parallel`).  That backend wakes its
+-- threads (multicore.fut's `train`).  That backend wakes its
 -- threads for each map, tens of microseconds on a 2-core virtual machine,
 -- and each map ends waiting for its slower task: with a map per section,
 -- eight at s256, a two-thread s256 step took 8-12% longer.  Sequential
