@@ -47,7 +47,7 @@ def test_the_documents_differ_in_length_and_one_is_truncated(corpus):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("batch", [4, 3])
+@pytest.mark.parametrize("batch", [4, 3, 32])  # 32: more documents than the 14 trained, each step wraps
 def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
     available(name)
     train = TrainConfig(num_steps=60, batch_size=batch, holdout=3, learning_rate=0.01)
@@ -68,11 +68,12 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
 
 @pytest.mark.parametrize("name, blocks", [("futhark-c", 1), ("futhark-c", 0), (MULTICORE_2_THREADS, 2)])
 @pytest.mark.parametrize("step", [0, 3, 4])  # step 4 wraps: documents 12, 13, 0
-def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, blocks, step, corpus):
+@pytest.mark.parametrize("batch", [3, 32])
+def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, blocks, step, batch, corpus):
     """blocks 0 runs a GPU's form of the step (each document's products in
     parallel inside the map over documents) in sequential C."""
     available(name)
-    train = TrainConfig(num_steps=100, batch_size=3, holdout=3, beta1=0.0, learning_rate=0.01)
+    train = TrainConfig(num_steps=100, batch_size=batch, holdout=3, beta1=0.0, learning_rate=0.01)
     backend = open_backend(name, MODEL, train, corpus)
     try:
         backend.train(5)  # away from the initial parameters
