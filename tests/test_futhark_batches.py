@@ -50,7 +50,11 @@ def test_the_documents_differ_in_length_and_one_is_truncated(corpus):
 @pytest.mark.parametrize("batch", [4, 3, 32])  # 32: more documents than the 14 trained, each step wraps
 def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
     available(name)
-    train = TrainConfig(num_steps=60, batch_size=batch, holdout=3, learning_rate=0.01)
+    # at B = 32 each step sees every one of the 14 documents twice or more, and at
+    # 0.01 the run overfits (loss 0.5 by step 30), where float32 rounding in the
+    # order of the sums over B T positions grows past 1e-4 on any backend
+    rate = 0.003 if batch == 32 else 0.01
+    train = TrainConfig(num_steps=60, batch_size=batch, holdout=3, learning_rate=rate)
     reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend(name, MODEL, train, corpus)
     try:
         if name == MULTICORE_2_THREADS:
