@@ -47,10 +47,14 @@ def test_the_documents_differ_in_length_and_one_is_truncated(corpus):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("batch", [4, 3])
+@pytest.mark.parametrize("batch", [4, 3, 32])  # 32: more documents than the 14 trained, each step wraps
 def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
     available(name)
-    train = TrainConfig(num_steps=60, batch_size=batch, holdout=3, learning_rate=0.01)
+    # at B = 32 each step sees every one of the 14 documents twice or more, and at
+    # 0.01 the run overfits (loss 0.5 by step 30), where float32 rounding in the
+    # order of the sums over B T positions grows past 1e-4 on any backend
+    rate = 0.003 if batch == 32 else 0.01
+    train = TrainConfig(num_steps=60, batch_size=batch, holdout=3, learning_rate=rate)
     reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend(name, MODEL, train, corpus)
     try:
         if name == MULTICORE_2_THREADS:
@@ -71,11 +75,11 @@ GPU = "gpu.fut's step"  # run by the oracle program (sequential C)
 
 @pytest.mark.parametrize("name", ["futhark-c", GPU, MULTICORE_2_THREADS])
 @pytest.mark.parametrize("step", [0, 3, 4])  # step 4 wraps: documents 12, 13, 0
-def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, step, corpus):
-    """GPU runs the GPU program's form of the step (each document's products in
-    parallel inside the map over documents) in sequential C."""
+@pytest.mark.parametrize("batch", [3, 32])
+def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, step, batch, corpus):
+    """GPU runs the GPU program's form of the step in sequential C."""
     available("futhark-c" if name == GPU else name)
-    train = TrainConfig(num_steps=100, batch_size=3, holdout=3, beta1=0.0, learning_rate=0.01)
+    train = TrainConfig(num_steps=100, batch_size=batch, holdout=3, beta1=0.0, learning_rate=0.01)
     backend = open_backend("futhark-c" if name == GPU else name, MODEL, train, corpus)
     try:
         oracle = Oracle(backend)
