@@ -11,8 +11,10 @@
 --
 -- Shapes are written (T, C) etc.: T positions, C = n_embd, H heads of
 -- D = C/H columns, F = 4C hidden units, V tokens, B = block_size.
--- Nothing is a compile-time constant: one compiled library serves every
--- size.  (Size expressions in types need Futhark 0.25.)
+-- No size is a compile-time constant: one compiled library serves every
+-- size.  (Size expressions in types need Futhark 0.25.)  Only the
+-- products' strategy (`products`) is fixed per program: kernels/c.fut,
+-- multicore.fut and gpu.fut each pass their own.
 
 -- * Building blocks
 
