@@ -120,13 +120,13 @@ int futhark_store_opaque_model(struct futhark_context *ctx, const struct futhark
 struct futhark_opaque_model *futhark_restore_opaque_model(struct futhark_context *ctx, const void *p);
 int futhark_project_opaque_model_adam(struct futhark_context *ctx, struct futhark_opaque_adam **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_batch(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_model *obj);
-int futhark_project_opaque_model_blocks(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_dims(struct futhark_context *ctx, struct futhark_opaque_dims **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_layout(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_offsets(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
+int futhark_project_opaque_model_threads(struct futhark_context *ctx, int64_t *out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_tokens(struct futhark_context *ctx, struct futhark_i32_1d **out, const struct futhark_opaque_model *obj);
 int futhark_project_opaque_model_windows(struct futhark_context *ctx, struct futhark_i64_1d **out, const struct futhark_opaque_model *obj);
-int futhark_new_opaque_model(struct futhark_context *ctx, struct futhark_opaque_model **out, const struct futhark_opaque_adam *f_adam, const int64_t f_batch, const int64_t f_blocks, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_i64_1d *f_offsets, const struct futhark_i32_1d *f_tokens, const struct futhark_i64_1d *f_windows);
+int futhark_new_opaque_model(struct futhark_context *ctx, struct futhark_opaque_model **out, const struct futhark_opaque_adam *f_adam, const int64_t f_batch, const struct futhark_opaque_dims *f_dims, const struct futhark_i64_1d *f_layout, const struct futhark_i64_1d *f_offsets, const int64_t f_threads, const struct futhark_i32_1d *f_tokens, const struct futhark_i64_1d *f_windows);
 int futhark_free_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights *obj);
 int futhark_store_opaque_weights(struct futhark_context *ctx, const struct futhark_opaque_weights *obj, void **p, size_t *n);
 struct futhark_opaque_weights *futhark_restore_opaque_weights(struct futhark_context *ctx, const void *p);
@@ -142,14 +142,12 @@ int futhark_entry_get_m(struct futhark_context *ctx, struct futhark_f32_1d **out
 int futhark_entry_get_params(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_step(struct futhark_context *ctx, int64_t *out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_v(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
-int futhark_entry_grad_vjp(struct futhark_context *ctx, float *out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 int futhark_entry_initial_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1);
 int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_model **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const int64_t in11, const int64_t in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14, const struct futhark_i64_1d *in15, const struct futhark_i32_1d *in16);
 int futhark_entry_new_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
 int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_1d *in2, const int64_t in3, const double in4, const uint64_t in5, const int64_t in6, const int64_t in7);
 int futhark_entry_train(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 int futhark_entry_train_batch(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
-int futhark_entry_train_parallel(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 
 // Miscellaneous
 int futhark_context_sync(struct futhark_context *ctx);
