@@ -5,6 +5,7 @@ that Reset, close and load land while the worker is opening a model or
 sampling. It checks what issue 13 asks:
 
   no event-loop stall over --max-stall-ms on the GUI thread (a 10 ms QTimer probe),
+    the garbage collected on the GUI thread as the app does (gui/gui_thread_gc.py),
     less the time the process waited for a CPU (tests/gui/latency_probe.py)
   no Python exception in a slot, no Qt warning, no abort (run it as a process: abort = signal)
   every training thread finished at the end, every closed window really closed
@@ -43,6 +44,7 @@ class Soak:
         from PySide6.QtCore import qInstallMessageHandler
 
         import slow_backend
+        from gui.gui_thread_gc import GuiThreadCollector
         from gui.main_window import RESOURCES
         import latency_probe
 
@@ -56,6 +58,8 @@ class Soak:
         self.files = self._make_files()
         self.fifos: list[Path] = []
         self.probe = latency_probe.LatencyProbe(stacks=args.stacks)
+        self.collector = GuiThreadCollector(app)  # as gui.app.run_gui runs it
+        self.collector.start(freeze=True)
         self.windows: list = []   # windows not yet closed (a closed one is deleted)
         self.windows_made = self.windows_closed = 0
         self.window = None
@@ -200,6 +204,7 @@ class Soak:
                 QTimer.singleShot(50, check)
                 return
             self.probe.stop()
+            self.collector.stop()
             self.app.exit(0)
 
         check()
@@ -220,6 +225,11 @@ class Soak:
             "stalls_over_50ms": [s.brief() for s in self.probe.stalls],
             "stall_fields": latency_probe.FIELDS,
             "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
+            # who ran while the GUI thread waited: (stall, GUI thread's sleeps, ms of garbage collection
+            # in other threads, [(thread, ms on a CPU, ms waiting for one)])
+            "stall_threads": [(s.brief(), s.gui_sleeps, round(s.other_gc_ms), s.threads) for s in self.probe.stalls],
+            # Python's garbage collections of 10 ms or more: (s into the soak, thread, generation, ms)
+            "collections_over_10ms": [c for c in self.probe.collections if c[3] >= 10],
             "exceptions": self.exceptions, "gave_up": self.gave_up,
             "qt_warnings": dict(self.qt_messages),
             "threads_running_at_end": len(running_sessions()),
