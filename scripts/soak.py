@@ -27,6 +27,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -157,6 +158,8 @@ class Soak:
         name = self.rng.choices(list(ACTIONS), weights=[w for w, _ in ACTIONS.values()])[0]
         self.probe.label = name
         self.counts[name] += 1
+        if self.done_actions == 0:
+            print(f"GUI thread {threading.get_native_id()} of process {os.getpid()}", flush=True)
         self.log.append(f"{time.monotonic() - self.started:7.2f} {name:26} {self.window.state:9} "
                         f"{self.window.config_panel.backend_name()} {self.window.config_panel.preset_combo.currentText()}"
                         f" corpus={self.window.corpus is not None} problem={self.window._train_problem()!r}")
@@ -215,7 +218,7 @@ class Soak:
 
         limit = self.args.max_stall_ms
         return {
-            "seed": self.args.seed, "actions": self.done_actions, "seconds": round(time.monotonic() - self.started, 1),
+            "seed": self.args.seed, "started_monotonic": self.started, "actions": self.done_actions, "seconds": round(time.monotonic() - self.started, 1),
             "windows": self.windows_made, "probe_ticks": self.probe.ticks,
             "max_stall_ms": round(self.probe.max_ms, 1), "max_stall_during": self.probe.max_label,
             # a stall's own part: all of it but the time this process waited for a free CPU
@@ -226,8 +229,9 @@ class Soak:
             "stall_fields": latency_probe.FIELDS,
             "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
             # who ran while the GUI thread waited: (stall, GUI thread's sleeps, ms of garbage collection
-            # in other threads, [(thread, ms on a CPU, ms waiting for one)])
-            "stall_threads": [(s.brief(), s.gui_sleeps, round(s.other_gc_ms), s.threads) for s in self.probe.stalls],
+            # in other threads, [(thread, ms on a CPU, ms waiting for one)], s into the soak at its end)
+            "stall_threads": [(s.brief(), s.gui_sleeps, round(s.other_gc_ms), s.threads,
+                               round(s.ended_at - self.started, 2)) for s in self.probe.stalls],
             # Python's garbage collections of 10 ms or more: (s into the soak, thread, generation, ms)
             "collections_over_10ms": [c for c in self.probe.collections if c[3] >= 10],
             "exceptions": self.exceptions, "gave_up": self.gave_up,

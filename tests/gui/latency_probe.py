@@ -48,6 +48,7 @@ class Stall:
     threads: list[tuple[str, float, float]] = field(default_factory=list)
     gui_sleeps: int = 0
     other_gc_ms: float = 0.0  # garbage collection in other threads (holding the GIL throughout)
+    ended_at: float = 0.0     # time.monotonic() when the late tick came
 
     @property
     def own_ms(self) -> float:
@@ -184,7 +185,7 @@ class LatencyProbe(QObject):
                          if tid != self._gui_tid and cpu + wait >= 1.0), key=lambda t: -t[1] - t[2])
         self.stalls.append(Stall(late, self.label, gui_cpu, gui_wait, other_wait, stolen, gc_ms,
                                  self._stacks_since(late), [(n, round(c, 1), round(w, 1)) for n, c, w in others],
-                                 slept, other_gc_ms))
+                                 slept, other_gc_ms, time.monotonic()))
 
     def _on_gc(self, phase: str, info: dict) -> None:
         ident, now = threading.get_ident(), time.perf_counter()
