@@ -64,7 +64,7 @@ def run_gui(args: argparse.Namespace) -> int:
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     collector = GuiThreadCollector(app)  # Qt objects are destroyed on the GUI thread only
-    collector.start()
+    collector.start(freeze=True)  # the imports' objects stay out of full collections
     style = RESOURCES / "style.qss"
     if style.is_file():  # cosmetic: the window works without it
         app.setStyleSheet(style.read_text(encoding="utf-8"))

@@ -24,8 +24,8 @@ from .run_control import RunController
 
 
 def read_corpus(path: str) -> tuple[engine.Corpus, DatasetIdentity]:
-    """The dataset, with its token arrays built (a Python loop over every document:
-    done here, off the GUI thread, not at the window's first look at it), and its identity."""
+    """The dataset, with its token arrays built (tens of ms for a large file: done
+    here, off the GUI thread, not at the window's first look at it), and its identity."""
     corpus = engine.load_corpus(path)
     corpus.arrays  # noqa: B018  (a cached property: built once, here)
     return corpus, DatasetIdentity.of(corpus, Path(path).name)

@@ -5,6 +5,7 @@ that Reset, close and load land while the worker is opening a model or
 sampling. It checks what issue 13 asks:
 
   no event-loop stall over --max-stall-ms on the GUI thread (a 10 ms QTimer probe),
+    the garbage collected on the GUI thread as the app does (gui/gui_thread_gc.py),
     less the time the process waited for a CPU (tests/gui/latency_probe.py)
   no Python exception in a slot, no Qt warning, no abort (run it as a process: abort = signal)
   every training thread finished at the end, every closed window really closed
@@ -26,6 +27,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -43,6 +45,7 @@ class Soak:
         from PySide6.QtCore import qInstallMessageHandler
 
         import slow_backend
+        from gui.gui_thread_gc import GuiThreadCollector
         from gui.main_window import RESOURCES
         import latency_probe
 
@@ -56,6 +59,8 @@ class Soak:
         self.files = self._make_files()
         self.fifos: list[Path] = []
         self.probe = latency_probe.LatencyProbe(stacks=args.stacks)
+        self.collector = GuiThreadCollector(app)  # as gui.app.run_gui runs it
+        self.collector.start(freeze=True)
         self.windows: list = []   # windows not yet closed (a closed one is deleted)
         self.windows_made = self.windows_closed = 0
         self.window = None
@@ -153,6 +158,8 @@ class Soak:
         name = self.rng.choices(list(ACTIONS), weights=[w for w, _ in ACTIONS.values()])[0]
         self.probe.label = name
         self.counts[name] += 1
+        if self.done_actions == 0:
+            print(f"GUI thread {threading.get_native_id()} of process {os.getpid()}", flush=True)
         self.log.append(f"{time.monotonic() - self.started:7.2f} {name:26} {self.window.state:9} "
                         f"{self.window.config_panel.backend_name()} {self.window.config_panel.preset_combo.currentText()}"
                         f" corpus={self.window.corpus is not None} problem={self.window._train_problem()!r}")
@@ -200,6 +207,7 @@ class Soak:
                 QTimer.singleShot(50, check)
                 return
             self.probe.stop()
+            self.collector.stop()
             self.app.exit(0)
 
         check()
@@ -210,7 +218,7 @@ class Soak:
 
         limit = self.args.max_stall_ms
         return {
-            "seed": self.args.seed, "actions": self.done_actions, "seconds": round(time.monotonic() - self.started, 1),
+            "seed": self.args.seed, "started_monotonic": self.started, "actions": self.done_actions, "seconds": round(time.monotonic() - self.started, 1),
             "windows": self.windows_made, "probe_ticks": self.probe.ticks,
             "max_stall_ms": round(self.probe.max_ms, 1), "max_stall_during": self.probe.max_label,
             # a stall's own part: all of it but the time this process waited for a free CPU
@@ -220,6 +228,12 @@ class Soak:
             "stalls_over_50ms": [s.brief() for s in self.probe.stalls],
             "stall_fields": latency_probe.FIELDS,
             "stall_stacks": [(s.brief(), s.stacks) for s in self.probe.stalls if s.stacks],
+            # who ran while the GUI thread waited: (stall, GUI thread's sleeps, ms of garbage collection
+            # in other threads, [(thread, ms on a CPU, ms waiting for one)], s into the soak at its end)
+            "stall_threads": [(s.brief(), s.gui_sleeps, round(s.other_gc_ms), s.threads,
+                               round(s.ended_at - self.started, 2)) for s in self.probe.stalls],
+            # Python's garbage collections of 10 ms or more: (s into the soak, thread, generation, ms)
+            "collections_over_10ms": [c for c in self.probe.collections if c[3] >= 10],
             "exceptions": self.exceptions, "gave_up": self.gave_up,
             "qt_warnings": dict(self.qt_messages),
             "threads_running_at_end": len(running_sessions()),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -262,6 +263,37 @@ def test_token_arrays_layout(names_corpus):
         doc = names_corpus.docs[d]
         run = a.tokens[a.offsets[d] : a.offsets[d] + a.lengths[d]].tolist()
         assert run == [bos] + [names_corpus.chars.index(ch) for ch in doc] + [bos]
+
+
+def reference_tokens(docs, chars) -> list[int]:
+    """The token runs built one document and one character at a time."""
+    index = {ch: i for i, ch in enumerate(chars)}
+    bos = len(chars)
+    return [t for doc in docs for t in [bos, *(index[ch] for ch in doc), bos]]
+
+
+@pytest.mark.parametrize("chunk_chars", [1, 7, 1 << 22])
+def test_token_arrays_match_the_document_by_document_runs(chunk_chars, monkeypatch):
+    """Whole-array passes, in chunks of documents of any size: the same tokens as
+    encoding each document in turn (non-ASCII, astral and a surrogate character too)."""
+    from engine.data import corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module, "ARRAY_CHUNK_CHARS", chunk_chars)
+    rng = random.Random(3)
+    alphabet = list("abcxyzé") + ["\u00e9", "\U0001f600", "\udc80", "\u4e2d"]
+    docs = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    corpus = Corpus(docs, shuffled=True)
+    a = corpus.arrays
+    assert a.tokens.tolist() == reference_tokens(docs, corpus.chars)
+    assert a.lengths.tolist() == [len(d) + 2 for d in docs]
+    assert a.offsets.tolist() == [sum(len(d) + 2 for d in docs[:i]) for i in range(len(docs))]
+    unsorted = list(reversed(corpus.chars))  # a checkpoint's vocabulary, in any order
+    assert Corpus(docs, unsorted, shuffled=True).arrays.tokens.tolist() == reference_tokens(docs, unsorted)
+
+
+def test_token_arrays_name_a_character_outside_the_vocabulary():
+    with pytest.raises(ValueError, match="'d' is not in the vocabulary"):
+        Corpus(["abc", "abd"], ["a", "b", "c"], shuffled=True).arrays  # noqa: B018
 
 
 def test_long_documents_are_counted():

@@ -8,7 +8,11 @@ On Linux each stall records, from /proc/self/task/*/schedstat, how long the
 GUI thread ran, how long it waited for a CPU, and the longest any other
 thread of the process waited for one, and from /proc/stat the time the
 hypervisor gave this virtual machine's CPUs to others (steal, per CPU);
-`own_ms` is the stall less those waits.
+`own_ms` is the stall less those waits. Each stall also keeps what every
+other thread did meanwhile (ms on a CPU, ms waiting for one) and how often the
+GUI thread went to sleep: a GUI thread that ran little and slept often was
+blocked (on the GIL, most likely), and the thread that ran meanwhile held it;
+and Python's garbage collections in any thread (one holds the GIL throughout).
 With stacks=True a thread samples every thread's Python stack every 2 ms and
 each stall keeps the stacks seen most often during it.
 """
@@ -39,6 +43,12 @@ class Stall:
     steal_ms: float       # CPU time the hypervisor gave to other machines, per CPU
     gc_ms: float          # Python's garbage collection on the GUI thread
     stacks: list[str] = field(default_factory=list)
+    # every other thread that ran or waited for a CPU meanwhile: (name, ms on a CPU, ms waiting for one),
+    # and how often the GUI thread went to sleep (blocked: on the GIL, a lock, a read)
+    threads: list[tuple[str, float, float]] = field(default_factory=list)
+    gui_sleeps: int = 0
+    other_gc_ms: float = 0.0  # garbage collection in other threads (holding the GIL throughout)
+    ended_at: float = 0.0     # time.monotonic() when the late tick came
 
     @property
     def own_ms(self) -> float:
@@ -61,6 +71,35 @@ def steal_ms() -> float:
         return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") / (os.cpu_count() or 1)
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def voluntary_switches(tid: str) -> int:
+    """How often thread tid has gone to sleep so far (Linux; 0 elsewhere)."""
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def thread_names() -> dict[str, str]:
+    """{thread id: name}: Python's name where Python knows the thread, else the kernel's (comm)."""
+    names = {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for tid in tasks:
+        if tid not in names:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names[tid] = f.read().strip()
+            except OSError:
+                pass
+    return names
 
 
 def thread_schedstats() -> dict[str, tuple[int, int]]:
@@ -90,7 +129,12 @@ class LatencyProbe(QObject):
         self._gui_thread, self._gui_tid = threading.get_ident(), str(threading.get_native_id())
         self._last: dict[str, tuple[int, int]] = {}
         self._last_steal = 0.0
-        self._gc_ms, self._gc_started = 0.0, 0.0
+        self._last_sleeps = 0
+        self._gc_ms = self._other_gc_ms = 0.0
+        self._gc_starts: dict[int, float] = {}  # thread: when its collection started
+        # every collection of this process: (seconds since the probe was made, thread name, generation, ms)
+        self.collections: list[tuple[float, str, int, float]] = []
+        self._made = time.perf_counter()
         gc.callbacks.append(self._on_gc)
         self._samples: collections.deque = collections.deque(maxlen=8192)
         if stacks:
@@ -106,6 +150,8 @@ class LatencyProbe(QObject):
     def start(self) -> None:
         self._clock.start()
         self._last, self._last_steal = thread_schedstats(), steal_ms()
+        self._last_sleeps = voluntary_switches(self._gui_tid)
+        self._gc_ms = self._other_gc_ms = 0.0  # a collection while stopped is no part of a stall
         self._timer.start()
 
     def stop(self) -> None:
@@ -119,10 +165,12 @@ class LatencyProbe(QObject):
     def _tick(self) -> None:
         late = self._clock.nsecsElapsed() / 1e6 - TICK_MS
         self._clock.restart()
-        now, steal = thread_schedstats(), steal_ms()
+        now, steal, sleeps = thread_schedstats(), steal_ms(), voluntary_switches(self._gui_tid)
         before, self._last = self._last, now
+        slept, self._last_sleeps = sleeps - self._last_sleeps, sleeps
         stolen, self._last_steal = steal - self._last_steal, steal
         gc_ms, self._gc_ms = self._gc_ms, 0.0
+        other_gc_ms, self._other_gc_ms = self._other_gc_ms, 0.0
         self.ticks += 1
         if late > self.max_ms:
             self.max_ms, self.max_label = late, self.label
@@ -132,16 +180,27 @@ class LatencyProbe(QObject):
                  for tid in now if tid in before}
         gui_cpu, gui_wait = delta.get(self._gui_tid, (0.0, 0.0))
         other_wait = max((wait for tid, (_, wait) in delta.items() if tid != self._gui_tid), default=0.0)
+        names = thread_names()
+        others = sorted(((names.get(tid, tid), cpu, wait) for tid, (cpu, wait) in delta.items()
+                         if tid != self._gui_tid and cpu + wait >= 1.0), key=lambda t: -t[1] - t[2])
         self.stalls.append(Stall(late, self.label, gui_cpu, gui_wait, other_wait, stolen, gc_ms,
-                                 self._stacks_since(late)))
+                                 self._stacks_since(late), [(n, round(c, 1), round(w, 1)) for n, c, w in others],
+                                 slept, other_gc_ms, time.monotonic()))
 
     def _on_gc(self, phase: str, info: dict) -> None:
-        if threading.get_ident() != self._gui_thread:
-            return
+        ident, now = threading.get_ident(), time.perf_counter()
         if phase == "start":
-            self._gc_started = time.perf_counter()
+            self._gc_starts[ident] = now
+            return
+        ms = 1000 * (now - self._gc_starts.pop(ident, now))
+        if ident == self._gui_thread:
+            self._gc_ms += ms
         else:
-            self._gc_ms += 1000 * (time.perf_counter() - self._gc_started)
+            self._other_gc_ms += ms
+        if ms >= 1.0:
+            known = threading._active.get(ident)  # (current_thread() would make a stand-in for a QThread)
+            name = "GUI" if ident == self._gui_thread else known.name if known else str(threading.get_native_id())
+            self.collections.append((round(now - self._made, 2), name, info.get("generation", -1), round(ms, 1)))
 
     def _sample_stacks(self) -> None:
         me = threading.get_ident()

@@ -51,3 +51,35 @@ def test_the_due_generation_follows_the_thresholds(qapp):
     collector.thresholds = (0, 10**9, 10**9)  # a threshold of 0 never triggers (as in CPython)
     assert collector.due_generation() is None
     collector.deleteLater()
+
+
+def test_a_frozen_start_leaves_what_lived_before_out_of_collections(qtbot):
+    """freeze=True (the app's start): the objects alive then are no longer walked
+    by a collection, garbage made afterwards still is (on the GUI thread), and
+    stop makes the frozen ones collectable again."""
+    from gui.gui_thread_gc import GuiThreadCollector
+
+    finalized = []
+
+    class Node:
+        def __init__(self, name):
+            self.name, self.me = name, self  # a cycle: only the cyclic collector frees it
+
+        def __del__(self):
+            finalized.append(self.name)
+
+    old = [Node("before")]  # alive when the collector starts
+    assert gc.get_freeze_count() == 0
+    collector = GuiThreadCollector()
+    collector.start(freeze=True)
+    try:
+        assert gc.get_freeze_count() > 1000  # the imports' modules, classes, functions...
+        old.clear()  # garbage now, but frozen: no collection frees it
+        Node("after")  # garbage made after the start
+        gc.collect()  # a full collection on this thread, as the timer makes them
+        assert finalized == ["after"]
+    finally:
+        collector.stop()
+        collector.deleteLater()
+    assert gc.get_freeze_count() == 0
+    assert finalized == ["after", "before"]  # stop's collection, once unfrozen
