@@ -80,7 +80,7 @@ def test_a_futhark_train_call_lets_other_threads_run(name, names_corpus, futhark
     model = ModelConfig(n_embd=64, n_layer=2, n_head=4, block_size=16)
     backend = open_backend(name, model, TrainConfig(num_steps=100_000), names_corpus)
     try:
-        entry = train_entry(1, backend.threads() or 1)  # the entry point the backend calls
+        entry = train_entry(1)  # the entry point the backend calls
         fut = backend._fut
         result = {}
 
