@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter, QTableWidget,
@@ -91,6 +91,18 @@ def study_reports(backends, presets, measure, availability, seconds, cancelled: 
     return cancelled()
 
 
+def _study_plot() -> pg.PlotWidget:
+    plot = plot_widget("scalingPlot", "Median ms per training step against parameter count, one line per backend")
+    item = plot.getPlotItem()
+    # log10 of the values, with our own ticks: pyqtgraph's log axes label
+    # every minor tick, which turns a narrow range into a smear of digits
+    item.setLabel("bottom", "parameters (log scale)")
+    item.setLabel("left", "ms per step (log scale)")
+    item.showGrid(x=True, y=True, alpha=0.2)
+    item.addLegend(offset=(10, 10))
+    return plot
+
+
 class ScalingStudyDialog(QDialog):
     studyFinished = Signal(bool)   # True when cancelled
 
@@ -129,15 +141,10 @@ class ScalingStudyDialog(QDialog):
         self.progress.setFormat("idle")
         self.status = QLabel(" ", objectName="scalingStatus", wordWrap=True)
 
-        self.plot = plot_widget("scalingPlot",
-                                "Median ms per training step against parameter count, one line per backend")
-        item = self.plot.getPlotItem()
-        # log10 of the values, with our own ticks: pyqtgraph's log axes label
-        # every minor tick, which turns a narrow range into a smear of digits
-        item.setLabel("bottom", "parameters (log scale)")
-        item.setLabel("left", "ms per step (log scale)")
-        item.showGrid(x=True, y=True, alpha=0.2)
-        item.addLegend(offset=(10, 10))
+        # the plot's place until it is built, just after the dialog's first paint (see plot)
+        self._plot: pg.PlotWidget | None = None
+        self._plot_slot = QWidget(objectName="scalingPlotSlot")
+        self._plot_queued = False
         self.table = QTableWidget(0, len(TABLE_COLUMNS), objectName="scalingTable")
         self.table.setToolTip("One row per (backend, preset): measured, or why it could not be")
         self.table.setHorizontalHeaderLabels(TABLE_COLUMNS)
@@ -162,8 +169,8 @@ class ScalingStudyDialog(QDialog):
         left = QWidget()
         left.setLayout(choose)
         left.setMaximumWidth(220)
-        results = QSplitter(Qt.Horizontal)
-        results.addWidget(self.plot)
+        results = self._results = QSplitter(Qt.Horizontal)
+        results.addWidget(self._plot_slot)
         results.addWidget(self.table)
         results.setSizes([460, 540])
         top = QHBoxLayout()
@@ -194,6 +201,25 @@ class ScalingStudyDialog(QDialog):
         names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
         run_in_background(availability, names, parent=self, name="scaling-availability",
                           on_done=self._show_availability)
+
+    # the plot ------------------------------------------------------------------
+    @property
+    def plot(self) -> pg.PlotWidget:
+        """The log-log plot, built when first used or just after the dialog's first
+        paint: pyqtgraph's PlotItem (its axes, menus, view box) takes 15-20 ms of the
+        GUI thread, as much as the rest of the dialog, so the dialog shows first and
+        the plot comes in the next turn of the event loop."""
+        if self._plot is None:
+            self._plot = _study_plot()
+            self._results.replaceWidget(0, self._plot)
+            self._plot_slot.deleteLater()
+        return self._plot
+
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        if self._plot is None and not self._plot_queued:
+            self._plot_queued = True
+            QTimer.singleShot(0, self, lambda: self.plot)
 
     # running ------------------------------------------------------------------
     @staticmethod

@@ -63,6 +63,68 @@ def test_corrupted_member_inside_the_zip(saved, where):
         load_checkpoint(saved)
 
 
+def test_corrupted_last_bytes_of_the_data_are_refused(saved):
+    """The CRC covers a member's data to its last byte (the data of a stored member
+    is read straight from the file, not through zipfile's reader)."""
+    data = bytearray(saved.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as z:
+        info = z.getinfo("v.npy")
+    local = info.header_offset
+    name_len, extra_len = (int.from_bytes(data[local + i : local + i + 2], "little") for i in (26, 28))
+    end = local + 30 + name_len + extra_len + info.compress_size
+    data[end - 1] ^= 0x01
+    saved.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="truncated or corrupt.*Bad CRC-32 for file 'v.npy'"):
+        load_checkpoint(saved)
+
+
+def central_directory_entry(data: bytes, name: str) -> int:
+    """Where the zip's central directory entry for name begins."""
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        name_len = int.from_bytes(data[at + 28 : at + 30], "little")
+        if data[at + 46 : at + 46 + name_len] == name.encode():
+            return at
+        at = data.find(b"PK\x01\x02", at + 4)
+    raise AssertionError(f"{name} is not in the central directory")
+
+
+def test_a_stored_member_whose_sizes_disagree_is_refused(saved):
+    """The central directory says params.npy stores 4 bytes fewer than it holds:
+    zipfile would stop there; the data read straight from the file must not
+    run on into the next member."""
+    data = bytearray(saved.read_bytes())
+    at = central_directory_entry(bytes(data), "params.npy") + 20  # compressed size
+    stored = int.from_bytes(data[at : at + 4], "little")
+    data[at : at + 4] = (stored - 4).to_bytes(4, "little")
+    saved.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="'params' is damaged: its zip entry stores"):
+        load_checkpoint(saved)
+
+
+def test_a_compressed_checkpoint_reads_the_same_and_its_damage_is_found(saved, tmp_path):
+    """np.savez_compressed's members are deflated: read through zipfile, checked the same."""
+    arrays = contents(saved)
+    packed = tmp_path / "packed.npz"
+    np.savez_compressed(packed, **arrays)
+    with zipfile.ZipFile(packed) as z:
+        assert z.getinfo("params.npy").compress_type == zipfile.ZIP_DEFLATED
+    ck, expected = read_checkpoint(packed), read_checkpoint(saved)
+    for name in ("params", "m", "v", "losses"):
+        assert np.array_equal(getattr(ck, name), getattr(expected, name)), name
+    assert ck.corpus.docs == expected.corpus.docs and ck.model == expected.model
+    data = bytearray(packed.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as z:
+        info = z.getinfo("params.npy")
+    local = info.header_offset
+    name_len, extra_len = (int.from_bytes(data[local + i : local + i + 2], "little") for i in (26, 28))
+    middle = local + 30 + name_len + extra_len + info.compress_size // 2
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    packed.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        read_checkpoint(packed)
+
+
 @pytest.mark.parametrize("key", ["m", "params", "docs", "chars", "model.n_embd", "train.seed",
                                  "step", "format_version"])
 def test_missing_key_is_named(saved, key):

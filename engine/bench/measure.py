@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..backends import list_backends
+from ..backends import backend_names, list_backends
 from .timing import TORCH, BenchResult, Budget, measure
 from ..config import get_preset
 from ..data.corpus import Corpus
@@ -68,7 +68,9 @@ def availability(names: list[str], with_torch: bool = True) -> dict[str, tuple[b
 
 
 def default_backends() -> list[str]:
-    return [info.name for info in list_backends()] + [TORCH]
+    """Every backend's name and the torch reference's, probing none (a probe can take
+    tens of ms: the scaling study's dialog lists them on the GUI thread)."""
+    return [*backend_names(), TORCH]
 
 
 # one configuration in its own process ---------------------------------------

@@ -6,6 +6,11 @@ checked before anything is decompressed, and each member's declared size
 against what its field can hold; each .npy header (dtype and shape) is read
 before its data, so nothing is allocated from a size the file merely claims;
 then the values. Every field that is wrong is a CheckpointError naming it.
+The data of a stored member (np.savez stores, it does not compress) is read
+from the file straight into its array in one call, as is its CRC computed:
+both let go of the GIL, so a window reading a checkpoint in a background
+thread keeps its GUI thread waiting for the GIL only while the small members
+and the checks run (`python scripts/checkpoint_read_gil.py`).
 
 Writing goes to a temporary file beside the destination, locked while it is
 written and until it is renamed over it: a save killed midway leaves the
@@ -19,6 +24,7 @@ import math
 import os
 import re
 import secrets
+import struct
 import time
 import zipfile
 import zlib
@@ -374,12 +380,38 @@ def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, path, key: str, max_
                                   f"bytes, its zip entry holds {info.file_size - stream.tell():,}")
         arr = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
         view = memoryview(arr.reshape(-1, order="A")).cast("B") if data_bytes else memoryview(b"")
-        done = 0
-        while done < data_bytes:
-            got = stream.readinto(view[done:])
-            if not got:
-                raise EOFError(f"'{key}' ends early")
-            done += got
+        if info.compress_type == zipfile.ZIP_STORED:  # as np.savez writes them
+            if info.compress_size != info.file_size:
+                raise CheckpointError(f"{path}: '{key}' is damaged: its zip entry stores "
+                                      f"{info.compress_size:,} bytes of {info.file_size:,}")
+            _read_stored_data(z.fp, info, stream.tell(), view, key)
+            return arr
+        _read_into(stream, view, key)
         if stream.read(1):  # reading to the end also checks the CRC
             raise CheckpointError(f"{path}: '{key}' holds more data than its header describes")
     return arr
+
+
+def _read_into(f, view: memoryview, key: str) -> None:
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            raise EOFError(f"'{key}' ends early")
+        done += got
+
+
+def _read_stored_data(f, info: zipfile.ZipInfo, header_bytes: int, view: memoryview, key: str) -> None:
+    """The data of a stored (uncompressed) member, after its .npy header of header_bytes,
+    read from the file straight into view, and the member's CRC checked as zipfile checks
+    it. zipfile's reader would copy it through bytes objects in Python, holding the GIL
+    throughout (a GUI thread beside a read waits for it hundreds of times); here it is
+    one read and one CRC, both C calls that let go of the GIL. The local header's name
+    and flags were checked when zipfile opened the member."""
+    f.seek(info.header_offset + zipfile.sizeFileHeader - 4)
+    name_bytes, extra_bytes = struct.unpack("<2H", f.read(4))
+    f.seek(info.header_offset + zipfile.sizeFileHeader + name_bytes + extra_bytes)
+    crc = zlib.crc32(f.read(header_bytes))
+    _read_into(f, view, key)
+    if zlib.crc32(view, crc) != info.CRC:
+        raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")

@@ -214,6 +214,7 @@ def test_every_control_has_an_object_name_and_a_tooltip(qtbot, hub):
     from gui.scaling_study import ScalingStudyDialog
 
     study = ScalingStudyDialog(availability=lambda names: {n: (True, "") for n in names}, backends=["numpy"])
+    study.plot  # built after the first paint otherwise (test_scaling_study.py)
     panels = [NextCharPanel(hub), AttentionPanel(hub), CharMapPanel(hub), RunListPanel(), study]
     names = set()
     for panel in panels:

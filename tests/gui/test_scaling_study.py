@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
 
 import engine
 from engine.bench import report as bench_report
@@ -37,6 +38,27 @@ def dialog(qtbot):
         d.show()
         return d
     return make
+
+
+def test_the_plot_is_built_after_the_dialogs_first_paint(qtbot):
+    """Opening the dialog does not wait for pyqtgraph's plot: it is built in a
+    later turn of the event loop, once the dialog has painted, and is in its
+    place (the splitter's left pane, named, with its axes) before any result."""
+    import pyqtgraph as pg
+
+    d = ScalingStudyDialog(measure=fake_measure, availability=fake_availability, backends=["numpy"],
+                           presets=["tiny"])
+    qtbot.addWidget(d)
+    assert d.findChild(pg.PlotWidget) is None
+    painted = []
+    d.paintEvent = lambda event, paint=d.paintEvent: (painted.append(d.findChild(pg.PlotWidget)), paint(event))
+    d.show()
+    qtbot.waitUntil(lambda: d.findChild(pg.PlotWidget) is not None)
+    assert painted and painted[0] is None  # the first paint came before the plot
+    plot = d.findChild(pg.PlotWidget, "scalingPlot")
+    assert plot is d.plot and plot.isVisible() and plot.parent() is d.table.parent()
+    assert plot.getPlotItem().getAxis("left").labelText == "ms per step (log scale)"
+    qtbot.waitUntil(lambda: d.findChild(QWidget, "scalingPlotSlot") is None)
 
 
 def test_one_row_per_backend_and_preset_and_unavailable_ones_say_why(qtbot, dialog, tmp_path):
