@@ -36,7 +36,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 JOB_SWEEP = four_trial_sweep("job", report_every_s=0.2)
 
-STOP_SWEEP = """
+# Long enough that a Stop sent by a job of its own (seconds on a busy machine) reaches the
+# first trial before it ends: with 20,000 tiny steps (a few seconds on NumPy) the
+# first trial once finished before its Stop.
+STOP_STEPS = 100_000
+STOP_SWEEP = f"""
 [sweep]
 name = "stop"
 search = "grid"
@@ -49,10 +53,10 @@ kind = "none"
 
 [run]
 preset = "tiny"
-steps = 20000
+steps = {STOP_STEPS}
 
 [space]
-seed = { grid = [1, 2, 3] }
+seed = {{ grid = [1, 2, 3] }}
 """
 
 
@@ -152,7 +156,7 @@ def test_stop_a_trial_and_the_job_then_resume_it_there(cluster, tmp_path):
     assert json.loads(Path(info["cluster_dir"], COMMANDS_FILE).read_text()) == {"stop": first}
     checkpoint = read_checkpoint(run.of("trial_ended", second)[0]["checkpoint"])
     saved = checkpoint.step
-    assert 0 < saved < 20000
+    assert 0 < saved < STOP_STEPS
     assert checkpoint.corpus.chars == ["a", "b", "c"] and set(checkpoint.corpus.docs) == set(names)
 
     again = Run(folder, cluster.env, resume=True)  # no address: where it ran (job.json)
@@ -164,7 +168,7 @@ def test_stop_a_trial_and_the_job_then_resume_it_there(cluster, tmp_path):
     started = [e["trial"] for e in new if e["event"] == "trial_started"]
     assert first not in started and second in started and len(started) == 2
     resumed = [e for e in new if e["event"] == "trial_result" and e["trial"] == second]
-    assert resumed[0]["first_step"] == saved and resumed[-1]["step"] == 20000
+    assert resumed[0]["first_step"] == saved and resumed[-1]["step"] == STOP_STEPS
     assert read_checkpoint(again.of("trial_ended", second)[-1]["checkpoint"]).corpus.chars == ["a", "b", "c"]
     results = json.loads((folder / RESULTS_FILE).read_text())
     assert results["status"] == "done"
