@@ -15,11 +15,12 @@ from typing import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
+from shiboken6 import isValid
 
 import engine
 from engine.bench import measure as bench
@@ -28,7 +29,7 @@ from engine.bench.measure import BenchResult
 from engine.bench.report import busy_note, is_busy, status_text
 
 from .controls import buddy, plot_widget
-from .background import Background, run_in_background
+from .background import Background
 from .run_list import PALETTE
 
 DEFAULT_PRESETS = ("tiny", "s32", "s64", "s128")  # a few seconds each; larger ones are opt-in
@@ -91,6 +92,22 @@ def study_reports(backends, presets, measure, availability, seconds, cancelled: 
     return cancelled()
 
 
+_study_thread: Background | None = None
+
+
+def study_thread() -> Background:
+    """The one thread every scaling study dialog's calls run on (the availability
+    check, then the studies, in the order asked), made on the first call and kept
+    as long as the app. threading.Thread.start returns only once the new thread
+    has run, so a thread started as the dialog opens held the GUI thread for as
+    long as the new thread waited for a CPU (over 100 ms on a loaded machine);
+    later dialogs start none. Studies of two windows take turns."""
+    global _study_thread
+    if _study_thread is None or not isValid(_study_thread):
+        _study_thread = Background(QCoreApplication.instance(), "scaling-study", one_thread=True)
+    return _study_thread
+
+
 def _study_plot() -> pg.PlotWidget:
     plot = plot_widget("scalingPlot", "Median ms per training step against parameter count, one line per backend")
     item = plot.getPlotItem()
@@ -115,8 +132,11 @@ class ScalingStudyDialog(QDialog):
         self.availability = availability
         self.seconds = seconds
         self.results: list[BenchResult] = []
-        self._study = Background(self, "scaling-study")
         self._cancelled: threading.Event | None = None  # the running study's cancel flag
+        # set when the dialog is deleted: its study ends at its next check (the thread is shared)
+        self._gone = threading.Event()
+        self.destroyed.connect(self._gone.set)
+        self._availability_asked = False
         self._curves: dict[str, pg.PlotDataItem] = {}
 
         self.backend_list = QListWidget(objectName="scalingBackendList")
@@ -197,10 +217,6 @@ class ScalingStudyDialog(QDialog):
         if self.measure is None:
             self.run_button.setEnabled(False)
             self.status.setText("Open a dataset first: the measurements train on it.")
-        # which backends can run here, found off the GUI thread (importing PyTorch takes seconds)
-        names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
-        run_in_background(availability, names, parent=self, name="scaling-availability",
-                          on_done=self._show_availability)
 
     # the plot ------------------------------------------------------------------
     @property
@@ -219,7 +235,19 @@ class ScalingStudyDialog(QDialog):
         super().paintEvent(event)
         if self._plot is None and not self._plot_queued:
             self._plot_queued = True
-            QTimer.singleShot(0, self, lambda: self.plot)
+            QTimer.singleShot(0, self, lambda: (self.plot, self._ask_availability()))
+
+    def _ask_availability(self) -> None:
+        """Which backends can run here, found off the GUI thread, once (after the first
+        paint, or with the first study)."""
+        if not self._availability_asked:
+            self._availability_asked = True
+            names = [self.backend_list.item(i).text() for i in range(self.backend_list.count())]
+            study_thread().start(self.availability, names, on_done=self._if_alive(self._show_availability))
+
+    def _if_alive(self, fn: Callable) -> Callable:
+        """fn, called only while this dialog exists (the shared thread outlives it)."""
+        return lambda *args: fn(*args) if isValid(self) else None
 
     # running ------------------------------------------------------------------
     @staticmethod
@@ -266,8 +294,11 @@ class ScalingStudyDialog(QDialog):
         self.progress.setRange(0, 0)
         self.progress.setFormat("checking the backends...")
         self._set_running(True)
-        self._study.start(study_reports, backends, presets, self.measure, self.availability, self.seconds,
-                          self._cancelled.is_set, on_yielded=self._on_report, on_done=self._on_done)
+        self._ask_availability()
+        flag, gone = self._cancelled, self._gone
+        study_thread().start(study_reports, backends, presets, self.measure, self.availability, self.seconds,
+                             lambda: flag.is_set() or gone.is_set(), on_yielded=self._if_alive(self._on_report),
+                             on_done=self._if_alive(self._on_done))
         return True
 
     def cancel(self) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
+from shiboken6 import isValid
 
 import engine
 from engine.bench import report as bench_report
@@ -192,3 +193,44 @@ def test_a_study_on_a_busy_machine_ends_with_benchs_warning(qtbot, dialog):
         d.run()
     assert [d.table.item(r, STATUS_COLUMN).text() for r in range(2)] == ["ok", "busy (load 9.0 on 2 cores)"]
     assert "the machine was busy during 1 of 2 rows" in d.status.text()
+
+
+def test_opening_a_dialog_and_starting_a_study_start_no_thread(qtbot, dialog, monkeypatch):
+    """threading.Thread.start waits until the new thread has run, so each thread
+    started as the dialog opened held the GUI thread while it waited for a CPU:
+    every dialog's calls share one thread, made once."""
+    first = dialog()
+    qtbot.waitUntil(lambda: "cannot run here" in first.backend_list.item(1).toolTip(), timeout=5000)
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", lambda thread, real=threading.Thread.start: (
+        started.append(thread.name), real(thread))[1])
+    d = dialog()
+    d.set_checked(["numpy", "cupy"], ["tiny"])
+    with qtbot.waitSignal(d.studyFinished, timeout=5000):
+        assert d.run()
+    qtbot.waitUntil(lambda: "cannot run here" in d.backend_list.item(1).toolTip(), timeout=5000)
+    assert [(r.backend, r.status) for r in d.results] == [("cupy", "skipped"), ("numpy", "ok")]
+    assert started == []
+
+
+def test_a_deleted_dialogs_study_ends_and_the_next_dialog_is_served(qtbot, dialog):
+    """The thread is shared: a study whose dialog is deleted without Cancel stops at
+    its next check, and a new dialog's calls run after it."""
+    polling = threading.Event()
+
+    def endless(backend, preset, seconds, cancel):
+        polling.set()
+        while not cancel():
+            time.sleep(0.01)
+        raise engine.Cancelled("cancelled")
+
+    d = ScalingStudyDialog(measure=endless, availability=fake_availability, backends=["numpy"], presets=["tiny"])
+    assert d.run() and polling.wait(5)
+    d.deleteLater()
+    qtbot.waitUntil(lambda: not isValid(d), timeout=5000)
+    second = dialog()
+    qtbot.waitUntil(lambda: "cannot run here" in second.backend_list.item(1).toolTip(), timeout=5000)
+    with qtbot.waitSignal(second.studyFinished, timeout=5000) as finished:
+        second.set_checked(["numpy"], ["tiny"])
+        assert second.run()
+    assert finished.args == [False] and [r.status for r in second.results] == ["ok"]
