@@ -267,6 +267,7 @@ def test_a_long_evaluation_gives_way_to_pause(make_window, names_path, qtbot, mo
 
     from engine.backends import base
     from engine.backends.numpy_backend import NumpyBackend
+    from engine.training.protocol import Sample
 
     forward = NumpyBackend._doc_losses
     started = []
@@ -318,6 +319,7 @@ def test_a_final_evaluation_cut_short_by_a_sample_comes_again_when_idle(make_win
 
     from engine.backends import base
     from engine.backends.numpy_backend import NumpyBackend
+    from engine.training.protocol import Sample
 
     forward = NumpyBackend._doc_losses
 
@@ -331,7 +333,10 @@ def test_a_final_evaluation_cut_short_by_a_sample_comes_again_when_idle(make_win
     choose(window, preset="tiny", steps=50)
     click(qtbot, window, "trainButton")
     worker = window.session.worker
-    qtbot.waitUntil(lambda: worker.step == 50 and worker.call == "evaluating the held-out loss", timeout=TIMEOUT_MS)
+    # the worker evaluating, and the window caught up with its events (it refuses a
+    # Sample while it still shows the run opening)
+    qtbot.waitUntil(lambda: worker.step == 50 and worker.call == "evaluating the held-out loss"
+                    and window.run.allows(Sample(3, 0.5, 0)), timeout=TIMEOUT_MS)
     with qtbot.waitSignal(window.sample_panel.samples_list.model().rowsInserted, timeout=TIMEOUT_MS):
         window.request_samples(3, 0.5, 0)  # cancels the evaluation: the names come first
     assert not window.loss_plot.heldout or window.loss_plot.heldout[-1].step < 50  # before the end's point
