@@ -82,99 +82,112 @@ def rows_linear [n][i][o] (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
                     else if k == 2 then row4 (a8, a9, a10, a11) else row4 (a12, a13, a14, a15)
   in tabulate_2d n o pick
 
--- | A layer's weights transposed, (in, out) and row-major: dy @ w, the
--- gradient of rows_linear with respect to its input, is rows_linear of dy
--- and w.T, whose tiles then read contiguous rows.  (O I values copied per
--- step, a small part of the N O I multiply-adds.)
+-- | x as a fresh row-major (M, N) array: the transposed operands of
+-- rows_linear (a view would be read with a stride in its inner loop).
+#[noinline]
+def transposed [n][m] (x: [n][m]f32): *[m][n]f32 =
+  copy (transpose x)
+
+-- * The step's weights
+
+-- | Rows r .. r + o - 1 of the parameter buffer (rows of C), copied.
+-- Read as rows of the buffer, not through a flat view of it: Futhark
+-- indexed such a view with an integer division per element (the buffer's
+-- layout is not known to be contiguous), 5% of a step.
+#[inline]
+def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
+  copy (#[unsafe] params[r:r + o] :> [o][c]f32)
+
+-- | Layer l's weights, copied out of the buffer (P values a step, a small
+-- part of its N P multiply-adds), and transposed for the backward pass:
+-- dy @ w, the gradient of rows_linear with respect to its input, is
+-- rows_linear of dy and w.T, whose tiles then read contiguous rows.
+-- fc2 (C, 4C) lies in the buffer as 4C rows of C, row 4 a + q holding
+-- columns q C .. q C + C - 1 of its row a.
 type layer_t [c][c3][f] = {wqkv: [c][c3]f32, wo: [c][c]f32, fc1: [c][f]f32, fc2: [f][c]f32}
 
--- | Every layer's weights transposed, made once per step before the
--- backward pass (in parallel on the multicore backend).
 #[inline]
-def transposed_layers [p] (flat: [p]f32) (layout: []i64) (c: i64) (c3: i64) (f: i64) (nl: i64)
-    : [nl](layer_t [c][c3][f]) =
-  let t [r][k] (w: [r][k]f32): *[k][r]f32 = tabulate_2d k r (\a b -> #[unsafe] w[b, a])
-  in map (\l -> let w = layer_at flat layout c c3 f l
-                in {wqkv = t w.wqkv, wo = t w.wo, fc1 = t w.fc1, fc2 = t w.fc2}) (iota nl)
+def fc2_transposed [rows][c] (params: [rows][c]f32) (r: i64): *[4 * c][c]f32 =
+  flatten (tabulate_3d 4 c c (\q e a -> #[unsafe] params[r + 4 * a + q, e]))
 
--- | Document j's rows of an (N, M) array of positions, N = B T.
-def per_doc [n][m] 'a (b: i64) (t: i64) (x: [n][m]a): [b][t][m]a =
-  unflatten (x :> [b * t][m]a)
+#[inline]
+def layer_rows [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64): layer [c][c3][f] =
+  let at j = layout[3 + 6 * l + j] / c
+  in {wqkv = weight_rows params (at 0) c3, wo = weight_rows params (at 3) c, fc1 = weight_rows params (at 4) f,
+      fc2 = transposed (fc2_transposed params (at 5) :> [f][c]f32)}
 
--- | The (N, M) rows of B documents' (T, M) arrays.
-def rows_of [b][t][m] 'a (n: i64) (x: [b][t][m]a): [n][m]a =
-  flatten x :> [n][m]a
+#[inline]
+def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64): layer_t [c][c3][f] =
+  let at j = layout[3 + 6 * l + j] / c
+  in {wqkv = transposed (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
+      wo = transposed (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
+      fc1 = transposed (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
+      fc2 = fc2_transposed params (at 5) :> [f][c]f32}
 
-def scale_rows [n][c] (x: [n][c]f32) (r: [n]f32): *[n][c]f32 =
-  map2 (\row s -> map (* s) row) x r
+-- * Attention, per document and head
+
+-- | The columns first + h D .. first + h D + D - 1 of document j's rows of x
+-- (N, M), for every document j and head h: (B, H, T, D), each head's
+-- block contiguous, so that attention's loops index it directly.
+def split_heads [n][m] (b: i64) (t: i64) (h: i64) (d: i64) (first: i64) (x: [n][m]f32): *[b][h][t][d]f32 =
+  tabulate_3d b h t (\j hh i -> #[unsafe] copy (x[j * t + i, first + hh * d:first + hh * d + d] :> [d]f32))
+
+-- | Heads (B, H, T, D) back to positions (N, H D).
+def merge_heads_rows [b][h][t][d] (n: i64) (x: [b][h][t][d]f32): *[n][h * d]f32 =
+  flatten (map (\xj -> map (\i -> flatten (map (\xh -> #[unsafe] xh[i]) xj)) (iota t)) x) :> [n][h * d]f32
+
+-- | One head's causal attention over one document: its weights (T, T)
+-- and output (T, D).
+#[inline]
+def attend_head [t][d] (scale: f32) (qh: [t][d]f32) (kh: [t][d]f32) (vh: [t][d]f32): (*[t][t]f32, *[t][d]f32) =
+  let probs = map2 (\i qi -> causal_softmax i (map (\kj -> dot qi kj * scale) kh)) (iota t) qh
+  -- probs @ vh, written out (as block_acts does)
+  in (probs, tabulate_2d t d (\i e -> f32.sum (map2 (\pr vr -> pr * #[unsafe] vr[e]) probs[i] vh)))
+
+-- | Back through attend_head: dq, dk, dv (T, D) from the output's
+-- gradient dyh.
+#[inline]
+def attend_head_back [t][d] (scale: f32) (qh: [t][d]f32) (kh: [t][d]f32) (vh: [t][d]f32) (p: [t][t]f32)
+                            (dyh: [t][d]f32): (*[t][d]f32, *[t][d]f32, *[t][d]f32) =
+  let dp = map (\dyi -> map (\vj -> dot dyi vj) vh) dyh  -- (T, T): dp[i, j] = dy_i . v_j
+  let datt = map2 (\pr dpr -> let s = dot pr dpr
+                              in map2 (\pv dv -> pv * (dv - s) * scale) pr dpr) p dp
+  in (matmul datt kh, matmul (transpose datt) qh, matmul (transpose p) dyh)
 
 -- * Forward
 
--- | What a layer computed over the N positions that its gradient needs
--- (model.fut's layer_acts, with each document's attention weights).
-type batch_acts [n][b][t][c][f][h] =
+-- | What a layer computed over the N positions that its gradient needs:
+-- the queries, keys and values per document and head, and the weights.
+type batch_acts [n][b][h][t][d][c][f] =
   {xn: [n][c]f32, r1: [n]f32,
-   q: [n][c]f32, k: [n][c]f32, v: [n][c]f32,
+   q: [b][h][t][d]f32, k: [b][h][t][d]f32, v: [b][h][t][d]f32,
    probs: [b][h][t][t]f32,
    y: [n][c]f32,
    xn2: [n][c]f32, r2: [n]f32,
    hid: [n][f]f32}
 
--- | One document's causal attention from its (T, C) queries, keys and
--- values: the weights per head and the output (T, C), as block_acts
--- computes them.
-#[inline]
-def attend_doc [t][c] (n_head: i64) (q: [t][c]f32) (k: [t][c]f32) (v: [t][c]f32)
-                      : (*[n_head][t][t]f32, *[t][c]f32) =
-  let d = c / n_head
-  let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
-  let attend h =
-    let (qh, kh, vh) = (head d q h, head d k h, head d v h)
-    let probs = map2 (\i qi -> causal_softmax i (map (\kj -> dot qi kj * scale) kh)) (iota t) qh
-    in (probs, tabulate_2d t d (\i j -> f32.sum (map2 (\pr vr -> pr * vr[j]) probs[i] vh)))
-  let (probs, heads) = unzip (map attend (iota n_head))
-  in (probs, merge_heads c heads)
+def scale_rows [n][c] (x: [n][c]f32) (r: [n]f32): *[n][c]f32 =
+  map2 (\row s -> map (* s) row) x r
 
 -- | One pre-norm transformer layer over the N positions of B documents of
 -- T positions, with its activations.
 #[inline]
-def batch_block [n][c][c3][f] (n_head: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
-                              : (*[n][c]f32, batch_acts [n][b][t][c][f][n_head]) =
+def batch_block [n][c][c3][f] (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
+                              : (*[n][c]f32, batch_acts [n][b][h][t][c / h][c][f]) =
+  let d = c / h
+  let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   let r1 = map rms_scale x
   let xn = scale_rows x r1
   let qkv = rows_linear xn w.wqkv  -- (N, 3C)
-  let part j = map (\row -> #[unsafe] (row[j * c:j * c + c] :> [c]f32)) qkv
-  let (q, k, v) = (part 0, part 1, part 2)
-  let (probs, ys) = unzip (map3 (attend_doc n_head) (per_doc b t q) (per_doc b t k) (per_doc b t v))
-  let y = rows_of n ys
+  let (q, k, v) = (split_heads b t h d 0 qkv, split_heads b t h d c qkv, split_heads b t h d (2 * c) qkv)
+  let (probs, ys) = unzip (map3 (\qj kj vj -> unzip (map3 (attend_head scale) qj kj vj)) q k v)
+  let y = merge_heads_rows n ys :> [n][c]f32
   let x = add_rows x (rows_linear y w.wo)
   let r2 = map rms_scale x
   let xn2 = scale_rows x r2
   let hid = rows_linear xn2 w.fc1
   let x = add_rows x (rows_linear (map (map relu) hid) w.fc2)
   in (x, {xn, r1, q, k, v, probs, y, xn2, r2, hid})
-
--- | The forward pass over the N = B T positions of `inputs` (position r
--- is document r / T's position r % T), keeping what the backward pass
--- needs.
-def batch_forward [p][n] (d: dims) (c: i64) (f: i64) (b: i64) (t: i64) (layout: []i64) (flat: [p]f32)
-                         (inputs: [n]i32) =
-  let (h, nl) = (d.n_head, d.n_layer)
-  let c3 = 3 * c
-  let (wte, wpe, _) = embeddings flat layout d.vocab d.block_size c
-  let e = map2 (\tok r -> #[unsafe] map2 (+) wte[i64.i32 tok] wpe[r % t]) inputs (iota n)
-  let r0 = map rms_scale e
-  let x0 = scale_rows e r0
-  let zeros m = replicate n (replicate m 0f32)
-  let none: batch_acts [n][b][t][c][f][h] =
-    {xn = zeros c, r1 = replicate n 0, q = zeros c, k = zeros c, v = zeros c,
-     probs = replicate b (replicate h (replicate t (replicate t 0))), y = zeros c,
-     xn2 = zeros c, r2 = replicate n 0, hid = zeros f}
-  let (x, acts) =
-    loop (x, acts) = (copy x0, replicate nl none) for l < nl do
-      let (x, a) = batch_block h b t (layer_at flat layout c c3 f l) x
-      in (x, acts with [l] = a)
-  in {x0, r0, acts, x}
 
 -- | The summed loss of the real positions (position r is real where r % T
 -- < lengths[r / T]), and the gradient of the batch's mean loss (scale = 1
@@ -195,88 +208,93 @@ def batch_loss_and_dlogits [n][v][c][b] (lm_head: [v][c]f32) (x: [n][c]f32) (tar
 
 -- * Backward
 
--- | One document's attention backward from its (T, C) queries, keys,
--- values, weights and output gradient dy: dq, dk, dv (T, C) each, as
--- block_back computes them.
+-- | Back through one layer over the N positions, from dx, the gradient
+-- with respect to its output: the gradient with respect to its input,
+-- and its weights' gradients as the buffer's 12 C rows (wq, wk, wv, wo,
+-- fc1, fc2's rows of 4C as four rows of C), each a product dYᵀ X over the
+-- N positions (rows_linear of the transposed activations: its inner loop
+-- runs over the positions).  `w`: the layer's weights, transposed.
 #[inline]
-def attend_doc_back [t][c][h] (q: [t][c]f32) (k: [t][c]f32) (v: [t][c]f32) (probs: [h][t][t]f32)
-                              (dy: [t][c]f32): (*[t][c]f32, *[t][c]f32, *[t][c]f32) =
-  let d = c / h
+def batch_block_back [n][b][h][t][d][c][c3][f] (w: layer_t [c][c3][f]) (a: batch_acts [n][b][h][t][d][c][f])
+                                               (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
-  let head_back hh =
-    let (qh, kh, vh, dyh, p) = (head d q hh, head d k hh, head d v hh, head d dy hh, probs[hh])
-    let dp = linear dyh vh  -- (T, T): dp[i, j] = dy_i . v_j
-    let datt = map2 (\pr dpr -> let s = dot pr dpr
-                                in map2 (\pv dv -> pv * (dv - s) * scale) pr dpr) p dp
-    in (matmul datt kh, matmul (transpose datt) qh, matmul (transpose p) dyh)
-  let (dqs, dks, dvs) = unzip3 (map head_back (iota h))
-  in (merge_heads c dqs, merge_heads c dks, merge_heads c dvs)
-
--- | Back through one layer over the N positions: the gradient with
--- respect to its input, and the activation gradients of its weights;
--- `w`: the layer's weights transposed.
-#[inline]
-def batch_block_back [n][b][t][c][c3][f][h] (w: layer_t [c][c3][f]) (a: batch_acts [n][b][t][c][f][h])
-                                            (dx: [n][c]f32): (*[n][c]f32, *[n][c3]f32, *[n][c]f32, *[n][f]f32) =
+  -- fc2's gradient (C, 4C) as the buffer's 4C rows of C
+  let as_rows (g: [c][f]f32): *[f][c]f32 = tabulate_2d f c (\r e -> #[unsafe] g[r / 4, (r % 4) * c + e])
   -- x_out = x_mid + relu(xn2 @ fc1.T) @ fc2.T
+  let relu_hid = map (map relu) a.hid
+  let g_fc2 = rows_linear (transposed dx) (transposed relu_hid)  -- (C, 4C)
   let dact = rows_linear dx w.fc2
   let dhid = map2 (map2 (\g hv -> if hv > 0 then g else 0)) dact a.hid
+  let g_fc1 = rows_linear (transposed dhid) (transposed a.xn2)  -- (4C, C)
   let dxn2 = rows_linear dhid w.fc1
   let dxmid = add_rows dx (map3 rmsnorm_back dxn2 a.xn2 a.r2)
   -- x_mid = x_in + attn(xn) @ wo.T
-  let dy = rows_linear dxmid w.wo
-  let (dqs, dks, dvs) = unzip3 (map5 attend_doc_back (per_doc b t a.q) (per_doc b t a.k) (per_doc b t a.v)
-                                     a.probs (per_doc b t dy))
-  let (dq, dk, dv) = (rows_of n dqs, rows_of n dks, rows_of n dvs)
-  let dqkv = map3 (\x y z -> (x ++ y ++ z) :> [c3]f32) dq dk dv
+  let g_wo = rows_linear (transposed dxmid) (transposed a.y)  -- (C, C)
+  let dy = split_heads b t h d 0 (rows_linear dxmid w.wo)
+  let (dq, dk, dv) = unzip3 (map5 (\qj kj vj pj dyj -> unzip3 (map5 (attend_head_back scale) qj kj vj pj dyj))
+                                  a.q a.k a.v a.probs dy)
+  let dqkv = map3 (\x y z -> (x ++ y ++ z) :> [c3]f32)
+                  (merge_heads_rows n dq :> [n][c]f32) (merge_heads_rows n dk :> [n][c]f32)
+                  (merge_heads_rows n dv :> [n][c]f32)
+  let g_qkv = rows_linear (transposed dqkv) (transposed a.xn)  -- (3C, C)
   let dxn = rows_linear dqkv w.wqkv
-  in (add_rows dxmid (map3 rmsnorm_back dxn a.xn a.r1), dqkv, dxmid, dhid)
+  let grads = (g_qkv ++ g_wo ++ g_fc1 ++ as_rows g_fc2) :> [12 * c][c]f32
+  in (add_rows dxmid (map3 rmsnorm_back dxn a.xn a.r1), grads)
 
--- | The batch's mean loss over its real positions, and its gradient
--- sources: its N = B T positions, document j's at j T .. j T + T - 1, as
--- the forward and backward passes computed them.
-def batch_sources [rows][c][b][t1][l] (d: dims) (layout: [l]i64) (_blocks: products) (params: [rows][c]f32)
-                                      (tokens: [b][t1]i32) (lengths: [b]i64)
-    : (f32, *sources [b * (t1 - 1)][c][3 * c][4 * c][d.vocab][d.n_layer][2 + 7 * d.n_layer]) =
+-- | The batch's mean loss over its real positions, and its gradient as
+-- the parameter buffer's rows (engine/params.py's layout, rows of C): a
+-- forward pass over the N = B T positions of the step (document j's at
+-- j T .. j T + T - 1), then a backward pass that computes every weight's
+-- gradient as products over those positions.
+def batch_gradient [rows][c][b][t1][l] (dm: dims) (layout: [l]i64) (params: [rows][c]f32) (tokens: [b][t1]i32)
+                                       (lengths: [b]i64): (f32, *[rows][c]f32) =
   let t = t1 - 1
   let n = b * t
-  let (c3, f, nv, nl) = (3 * c, 4 * c, d.vocab, d.n_layer)
-  -- a copy, P values (a small part of a step's N P multiply-adds), so that
-  -- nothing here is a view of the buffers the update pass overwrites
-  let flat = copy (flatten params)
-  let (_, _, lm_head) = embeddings flat layout nv d.block_size c
+  let (c3, f, nv, nl, h) = (3 * c, 4 * c, dm.vocab, dm.n_layer, dm.n_head)
+  let d = c / h
+  let matrix_rows j o = weight_rows params (layout[j] / c) o
+  let (wte, wpe, lm_head) = (matrix_rows 0 nv, matrix_rows 1 dm.block_size, matrix_rows 2 nv)
   let inputs = flatten (map (\row -> row[:t] :> [t]i32) tokens) :> [n]i32
   let targets = flatten (map (\row -> row[1:] :> [t]i32) tokens) :> [n]i32
   let count = i64.sum lengths
-  let fw = batch_forward d c f b t layout flat inputs
-  let (loss_sum, dlogits) = batch_loss_and_dlogits lm_head fw.x targets lengths t (1 / f32.i64 count)
+  -- forward
+  let e = flatten (map (\row -> map2 (\tok i -> #[unsafe] map2 (+) wte[i64.i32 tok] wpe[i]) (row[:t] :> [t]i32)
+                                     (iota t)) tokens) :> [n][c]f32
+  let r0 = map rms_scale e
+  let x0 = scale_rows e r0
   let zeros m = replicate n (replicate m 0f32)
-  let wt = transposed_layers flat layout c c3 f nl
-  -- each layer's activation gradients in arrays of their own, the input
-  -- gradient (fc2's) stored before the layer's call
-  let (dx, dqkvs, dxmids, dhids, dxouts) =
-    loop (dx, dqkvs, dxmids, dhids, dxouts) =
-         (rows_linear dlogits (copy (transpose lm_head)), replicate nl (zeros c3), replicate nl (zeros c),
-          replicate nl (zeros f), replicate nl (zeros c))
-    for i < nl do
+  let none: batch_acts [n][b][h][t][d][c][f] =
+    {xn = zeros c, r1 = replicate n 0, q = replicate b (replicate h (replicate t (replicate d 0))),
+     k = replicate b (replicate h (replicate t (replicate d 0))),
+     v = replicate b (replicate h (replicate t (replicate d 0))),
+     probs = replicate b (replicate h (replicate t (replicate t 0))), y = zeros c,
+     xn2 = zeros c, r2 = replicate n 0, hid = zeros f}
+  let (x, acts) =
+    loop (x, acts) = (copy x0, replicate nl none) for j < nl do
+      let (x, a) = batch_block h b t (layer_rows params layout c3 f j) x
+      in (x, acts with [j] = (a :> batch_acts [n][b][h][t][d][c][f]))
+  let (loss_sum, dlogits) = batch_loss_and_dlogits lm_head x targets lengths t (1 / f32.i64 count)
+  -- backward: the gradient rows of each layer, top down, then lm_head,
+  -- wpe and wte
+  let head_end = 2 * nv + dm.block_size
+  let grads = replicate rows (replicate c 0f32)
+  let (dx, grads) =
+    loop (dx, grads) = (rows_linear dlogits (transposed lm_head), grads) for i < nl do
       let j = nl - 1 - i
-      let dxouts = dxouts with [j] = dx
-      let (dx, dqkv, dxmid, dhid) = batch_block_back wt[j] fw.acts[j] dx
-      in (dx, dqkvs with [j] = dqkv, dxmids with [j] = dxmid, dhids with [j] = dhid, dxouts)
-  let grads = map4 (\dqkv dxmid dhid dxout -> {dqkv, dxmid, dhid, dxout}) dqkvs dxmids dhids dxouts
-  let dx0 = map3 rmsnorm_back dx fw.x0 fw.r0
-  -- xs as backward_from lays them out: dx0 (wte, wpe), x (lm_head), then
-  -- per layer xn, y, xn2 and the four C-column parts of relu(hid)
-  let xs = replicate (2 + 7 * nl) (zeros c)
-  let xs = xs with [0] = dx0
-  let xs = xs with [1] = fw.x
-  let xs = loop xs for j < nl do
-             let a = fw.acts[j]
-             let xs = xs with [2 + 7 * j] = a.xn
-             let xs = xs with [3 + 7 * j] = a.y
-             let xs = xs with [4 + 7 * j] = a.xn2
-             in loop xs for part < 4 do
-                  xs with [5 + 7 * j + part] =
-                    map (\row -> map relu (#[unsafe] row[part * c:part * c + c] :> [c]f32)) a.hid
-  in (loss_sum / f32.i64 count,
-      {inputs, dlogits, grads, xs} :> sources [b * t][c][3 * c][4 * c][d.vocab][d.n_layer][2 + 7 * d.n_layer])
+      let (dx, g) = batch_block_back (layer_rows_t params layout c3 f j) acts[j] dx
+      let first = head_end + 12 * c * j
+      in (dx, grads with [first:first + 12 * c] = g)
+  let dx0 = map3 rmsnorm_back dx x0 r0
+  let g_head = rows_linear (transposed dlogits) (transposed x)  -- (V, C)
+  -- wte: each position's dx0 added to its token's row; wpe: position i's
+  -- row the sum over the documents of their position i (none past T)
+  let g_wte = reduce_by_index (replicate nv (replicate c 0)) (map2 (+)) (replicate c 0)
+                              (map i64.i32 inputs) dx0
+  let per_doc = unflatten (dx0 :> [b * t][c]f32)
+  let g_wpe = tabulate dm.block_size (\i -> if i < t
+                                             then #[unsafe] loop s = replicate c 0 for j < b do map2 (+) s per_doc[j, i]
+                                             else replicate c 0)
+  let grads = grads with [0:nv] = g_wte
+  let grads = grads with [nv:nv + dm.block_size] = g_wpe
+  let grads = grads with [nv + dm.block_size:head_end] = g_head
+  in (loss_sum / f32.i64 count, grads)

@@ -148,18 +148,23 @@ def one_document_merged [rows][c][l][n][d] (products: products) (s: model [l][n]
   let (params, m, v) = update_all_merged s.dims (adam_at s.adam step ok) t sources params m v
   in (loss, ok, params, m, v)
 
--- | B documents per step (batch.fut's batch_sources): the B documents'
--- positions are one set of sources, the gradient of the batch's mean loss.
-def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][d]) (step: i64)
+-- | Whether the squared norm of a gradient held whole is a finite f32
+-- (gradient_is_finite's test, computed directly in f64).
+def squared_norm_is_finite [rows][c] (g: [rows][c]f32): bool =
+  f64.sum (map (\row -> f64.sum (map (\x -> f64.f32 x * f64.f32 x) row)) g) <= 3.4028234663852886e38
+
+-- | B documents per step (batch.fut's batch_gradient): one gradient of the
+-- batch's mean loss, held whole, then the update.
+def batch_of_documents [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let b = s.batch
   let lengths = batch_lengths s.windows b step
   let t = i64.maximum lengths
   let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
-  let (loss, sources) = batch_sources s.dims s.layout products params tokens lengths
-  let ok = finite loss && gradient_is_finite (rows * c) t sources
-  let (params, m, v) = update_all s.dims (adam_at s.adam step ok) t sources params m v
+  let (loss, grads) = batch_gradient s.dims s.layout params tokens lengths
+  let ok = finite loss && squared_norm_is_finite grads
+  let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) grads params m v
   in (loss, ok, params, m, v)
 
 -- | Runs up to k steps of `advance`; returns the new weights and the k

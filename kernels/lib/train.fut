@@ -195,8 +195,9 @@ def grad_row [t][c] (coef: i64 -> f32) (x: [t][c]f32): *[c]f32 =
 type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
 
 -- | Rows first .. first + n - 1 of the buffers seen as rows of C: row
--- first + o gets the gradient sum_t coef(o, t) * source(o)[t, :], and
--- `update` turns the row of parameters and moments into new ones.  One
+-- first + o gets the gradient `gradient o` (one document's: grad_row of
+-- its sources; a batch's: a row of its gradient), and `update` turns the
+-- row of parameters and moments into new ones.  One
 -- `map` over the rows (a parallel task per block of rows on the multicore
 -- backend), whose three results are written back into the same rows of
 -- the consumed buffers: Futhark places the map's results in those rows
@@ -205,16 +206,13 @@ type^ update = f32 -> f32 -> f32 -> f32 -> (f32, f32, f32)
 -- rows must be a slice Futhark cannot prove whole: with the whole array
 -- it replaced the buffers by the map's results, three fresh buffers every
 -- step.
--- The gradient row comes from `coef` and `source`, so any producer of
--- the activation gradients (one document, or a sum over several) fits.
 #[inline]
-def update_rows [rows][c][t] (update: update) (first: i64) (n: i64)
-                             (coef: i64 -> i64 -> f32) (source: i64 -> [t][c]f32)
-                             (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
-                             : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+def update_rows [rows][c] (update: update) (first: i64) (n: i64) (gradient: i64 -> [c]f32)
+                          (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+                          : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let row o =
     let r = first + o
-    let g = grad_row (coef o) (source o)
+    let g = gradient o
     let (pr, mr, vr) = #[unsafe] (params[r], m[r], v[r])
     in #[sequential] unzip3 (map4 update pr g mr vr)
   let (ps, ms, vs) = unzip3 (map row (iota n))
@@ -254,13 +252,14 @@ def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period:
                                              : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let (vocab, b) = (d.vocab, d.block_size)
   let (params, m, v) =
-    update_rows update 0 (vocab + b) (embedding_coef vocab period s.inputs) (\_ -> s.xs[0]) params m v
+    update_rows update 0 (vocab + b) (\o -> grad_row (embedding_coef vocab period s.inputs o) s.xs[0])
+                params m v
   let (params, m, v) =
-    update_rows update (vocab + b) vocab (\o i -> #[unsafe] s.dlogits[i, o]) (\_ -> s.xs[1]) params m v
+    update_rows update (vocab + b) vocab (\o -> grad_row (\i -> #[unsafe] s.dlogits[i, o]) s.xs[1]) params m v
   in loop (params, m, v) for layer < l do
        let source o = #[unsafe] s.xs[2 + 7 * layer + layer_source c o]
-       in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c) (layer_coef s.grads[layer]) source
-                      params m v
+       in update_rows update (2 * vocab + b + 12 * c * layer) (12 * c)
+                      (\o -> grad_row (layer_coef s.grads[layer] o) (source o)) params m v
 
 -- | update_all as two parallel maps, one over the embeddings and lm_head
 -- and one over every layer's rows, for the multicore backend on several
@@ -280,14 +279,25 @@ def update_all_merged [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (
   let outer o i = if o < embedding_end then embedding_coef vocab period s.inputs o i
                   else #[unsafe] s.dlogits[i, o - embedding_end]
   let (params, m, v) =
-    update_rows update 0 head_end outer (\o -> #[unsafe] s.xs[if o < embedding_end then 0 else 1]) params m v
+    update_rows update 0 head_end (\o -> grad_row (outer o) (#[unsafe] s.xs[if o < embedding_end then 0 else 1]))
+                params m v
   -- the layers' rows: row q is row q % 12 C of layer q / 12 C
   let coef q = layer_coef s.grads[q / (12 * c)] (q % (12 * c))
   let source q = #[unsafe] s.xs[2 + 7 * (q / (12 * c)) + layer_source c (q % (12 * c))]
   -- counted from l rather than as the rows left: a slice Futhark cannot
   -- prove whole stays an in-place update (with the whole array, the map's
   -- results went to three fresh buffers every step)
-  in update_rows update head_end (12 * c * l) coef source params m v
+  in update_rows update head_end (12 * c * l) (\q -> grad_row (coef q) (source q)) params m v
+
+-- | Every row's update from a gradient held whole, as rows of C (a
+-- batch's, batch.fut's batch_gradient): the two sections of
+-- update_all_merged, each a parallel map.
+def update_from_gradient [rows][c] (d: dims) (update: update) (grads: [rows][c]f32)
+                                   (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+                                   : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+  let head_end = 2 * d.vocab + d.block_size
+  let (params, m, v) = update_rows update 0 head_end (\o -> #[unsafe] grads[o]) params m v
+  in update_rows update head_end (12 * c * d.n_layer) (\o -> #[unsafe] grads[head_end + o]) params m v
 
 -- * Adam
 
