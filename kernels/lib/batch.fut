@@ -107,14 +107,14 @@ def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
 type layer_t [c][c3][f] = {wqkv: [c][c3]f32, wo: [c][c]f32, fc1: [c][f]f32, fc2: [f][c]f32}
 
 #[inline]
-def fc2_transposed [rows][c] (params: [rows][c]f32) (r: i64): *[4 * c][c]f32 =
-  flatten (tabulate_3d 4 c c (\q e a -> #[unsafe] params[r + 4 * a + q, e]))
+def fc2_rows [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
+  map (\a -> flatten (#[unsafe] params[r + 4 * a:r + 4 * a + 4] :> [4][c]f32)) (iota c)
 
 #[inline]
 def layer_rows [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64): layer [c][c3][f] =
   let at j = layout[3 + 6 * l + j] / c
   in {wqkv = weight_rows params (at 0) c3, wo = weight_rows params (at 3) c, fc1 = weight_rows params (at 4) f,
-      fc2 = transposed (fc2_transposed params (at 5) :> [f][c]f32)}
+      fc2 = fc2_rows params (at 5) :> [c][f]f32}
 
 #[inline]
 def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64): layer_t [c][c3][f] =
@@ -122,7 +122,7 @@ def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: 
   in {wqkv = transposed (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
       wo = transposed (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
       fc1 = transposed (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
-      fc2 = fc2_transposed params (at 5) :> [f][c]f32}
+      fc2 = transposed (fc2_rows params (at 5) :> [c][f]f32)}
 
 -- * Attention, per document and head
 
