@@ -94,7 +94,7 @@ def transposed [n][m] (x: [n][m]f32): *[m][n]f32 =
 -- Read as rows of the buffer, not through a flat view of it: Futhark
 -- indexed such a view with an integer division per element (the buffer's
 -- layout is not known to be contiguous), 5% of a step.
-#[inline]
+#[noinline]
 def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
   copy (#[unsafe] params[r:r + o] :> [o][c]f32)
 
@@ -106,7 +106,7 @@ def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
 -- columns q C .. q C + C - 1 of its row a.
 type layer_t [c][c3][f] = {wqkv: [c][c3]f32, wo: [c][c]f32, fc1: [c][f]f32, fc2: [f][c]f32}
 
-#[inline]
+#[noinline]
 def fc2_rows [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
   map (\a -> flatten (#[unsafe] params[r + 4 * a:r + 4 * a + 4] :> [4][c]f32)) (iota c)
 
