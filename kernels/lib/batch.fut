@@ -86,7 +86,7 @@ def rows_linear [n][i][o] (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
 -- rows_linear (a view would be read with a stride in its inner loop).
 #[noinline]
 def transposed [n][m] (x: [n][m]f32): *[m][n]f32 =
-  copy (transpose x)
+  tabulate_2d m n (\a b -> #[unsafe] x[b, a])
 
 -- * The step's weights
 
@@ -94,7 +94,7 @@ def transposed [n][m] (x: [n][m]f32): *[m][n]f32 =
 -- Read as rows of the buffer, not through a flat view of it: Futhark
 -- indexed such a view with an integer division per element (the buffer's
 -- layout is not known to be contiguous), 5% of a step.
-#[noinline]
+#[inline]
 def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
   copy (#[unsafe] params[r:r + o] :> [o][c]f32)
 
@@ -130,11 +130,12 @@ def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: 
 -- (N, M), for every document j and head h: (B, H, T, D), each head's
 -- block contiguous, so that attention's loops index it directly.
 def split_heads [n][m] (b: i64) (t: i64) (h: i64) (d: i64) (first: i64) (x: [n][m]f32): *[b][h][t][d]f32 =
-  tabulate_3d b h t (\j hh i -> #[unsafe] copy (x[j * t + i, first + hh * d:first + hh * d + d] :> [d]f32))
+  tabulate_3d b h t (\j hh i -> tabulate d (\e -> #[unsafe] x[j * t + i, first + hh * d + e]))
 
 -- | Heads (B, H, T, D) back to positions (N, H D).
 def merge_heads_rows [b][h][t][d] (n: i64) (x: [b][h][t][d]f32): *[n][h * d]f32 =
-  flatten (map (\xj -> map (\i -> flatten (map (\xh -> #[unsafe] xh[i]) xj)) (iota t)) x) :> [n][h * d]f32
+  let rows = tabulate_3d b t h (\j i hh -> tabulate d (\e -> #[unsafe] x[j, hh, i, e]))
+  in map flatten (flatten rows) :> [n][h * d]f32
 
 -- | One head's causal attention over one document: its weights (T, T)
 -- and output (T, D).
