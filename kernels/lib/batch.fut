@@ -125,43 +125,73 @@ def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: 
       fc2 = transposed (fc2_rows params (at 5) :> [c][f]f32)}
 
 -- * Attention, per document and head
+--
+-- Read in place from the (N, 3C) rows of queries, keys and values
+-- (position i of document j is row j T + i; head h's part of each is
+-- columns h D .. h D + D - 1), and written straight into (N, C) rows:
+-- heads copied out into blocks of their own, or merged back, were
+-- permuting copies, element by element (11% of an s64 step).
 
--- | The columns first + h D .. first + h D + D - 1 of document j's rows of x
--- (N, M), for every document j and head h: (B, H, T, D), each head's
--- block contiguous, so that attention's loops index it directly.
-def split_heads [n][m] (b: i64) (t: i64) (h: i64) (d: i64) (first: i64) (x: [n][m]f32): *[b][h][t][d]f32 =
-  tabulate_3d b h t (\j hh i -> tabulate d (\e -> #[unsafe] x[j * t + i, first + hh * d + e]))
-
--- | Heads (B, H, T, D) back to positions (N, H D).
-def merge_heads_rows [b][h][t][d] (n: i64) (x: [b][h][t][d]f32): *[n][h * d]f32 =
-  let rows = tabulate_3d b t h (\j i hh -> tabulate d (\e -> #[unsafe] x[j, hh, i, e]))
-  in map flatten (flatten rows) :> [n][h * d]f32
-
--- | One head's causal attention over one document: its weights (T, T)
--- and output (T, D).
+-- | Document j's row i, head hh's D columns from `first` on: a view.
 #[inline]
-def attend_head [t][d] (scale: f32) (qh: [t][d]f32) (kh: [t][d]f32) (vh: [t][d]f32): (*[t][t]f32, *[t][d]f32) =
-  let probs = map2 (\i qi -> causal_softmax i (map (\kj -> dot qi kj * scale) kh)) (iota t) qh
-  -- probs @ vh, written out (as block_acts does)
-  in (probs, tabulate_2d t d (\i e -> f32.sum (map2 (\pr vr -> pr * #[unsafe] vr[e]) probs[i] vh)))
+def head_row [n][m] (t: i64) (d: i64) (x: [n][m]f32) (first: i64) (j: i64) (hh: i64) (i: i64): [d]f32 =
+  #[unsafe] x[j * t + i, first + hh * d:first + hh * d + d] :> [d]f32
 
--- | Back through attend_head: dq, dk, dv (T, D) from the output's
--- gradient dyh.
+-- | (B, T, H, D) values as (N, H D) rows: a reshape of a fresh array.
 #[inline]
-def attend_head_back [t][d] (scale: f32) (qh: [t][d]f32) (kh: [t][d]f32) (vh: [t][d]f32) (p: [t][t]f32)
-                            (dyh: [t][d]f32): (*[t][d]f32, *[t][d]f32, *[t][d]f32) =
-  let dp = map (\dyi -> map (\vj -> dot dyi vj) vh) dyh  -- (T, T): dp[i, j] = dy_i . v_j
-  let datt = map2 (\pr dpr -> let s = dot pr dpr
-                              in map2 (\pv dv -> pv * (dv - s) * scale) pr dpr) p dp
-  in (matmul datt kh, matmul (transpose datt) qh, matmul (transpose p) dyh)
+def position_rows [b][t][h][d] (n: i64) (x: [b][t][h][d]f32): [n][h * d]f32 =
+  unflatten (flatten (flatten (flatten x)) :> [n * (h * d)]f32)
+
+-- | Every document's causal attention weights per head (B, H, T, T) from
+-- qkv (N, 3C).
+#[inline]
+def attention_weights [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
+    : *[b][h][t][t]f32 =
+  let c = h * d
+  in tabulate_3d b h t (\j hh i ->
+       let q = head_row t d qkv 0 j hh i
+       in causal_softmax i (tabulate t (\i2 -> dot q (head_row t d qkv c j hh i2) * scale)))
+
+-- | The attention output (N, C): position i's head hh is sum_i2 p[i, i2] v[i2].
+-- (A function of its own, as attention_back: fused into the next
+-- product, its reshape was read with divisions on multicore.)
+#[noinline]
+def attention_output [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32) (probs: [b][h][t][t]f32)
+    : *[n][h * d]f32 =
+  let c = h * d
+  in position_rows n (tabulate_3d b t h (\j i hh ->
+       let p = #[unsafe] probs[j, hh, i]
+       in tabulate d (\e -> f32.sum (tabulate t (\i2 -> #[unsafe] p[i2] * qkv[j * t + i2, 2 * c + hh * d + e])))))
+
+-- | Back through the attention: the gradient of the queries, keys and
+-- values (N, 3C) from the output's gradient dy (N, C).
+#[noinline]
+def attention_back [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
+                              (probs: [b][h][t][t]f32) (dy: [n][c]f32): *[n][c3]f32 =
+  -- datt[i, i2] = p (dp - sum_i2 p dp) scale, dp[i, i2] = dy_i . v_i2
+  let datt = tabulate_3d b h t (\j hh i ->
+               let p = #[unsafe] probs[j, hh, i]
+               let dyi = head_row t d dy 0 j hh i
+               let dp = tabulate t (\i2 -> dot dyi (head_row t d qkv (2 * c) j hh i2))
+               let s = dot p dp
+               in map2 (\pv dv -> pv * (dv - s) * scale) p dp)
+  -- dq_i = sum_i2 datt[i, i2] k_i2, dk_i = sum_i2 datt[i2, i] q_i2,
+  -- dv_i = sum_i2 p[i2, i] dy_i2
+  let part j i hh e k = #[unsafe]
+    if k == 0 then f32.sum (tabulate t (\i2 -> datt[j, hh, i, i2] * qkv[j * t + i2, c + hh * d + e]))
+    else if k == 1 then f32.sum (tabulate t (\i2 -> datt[j, hh, i2, i] * qkv[j * t + i2, hh * d + e]))
+    else f32.sum (tabulate t (\i2 -> probs[j, hh, i2, i] * dy[j * t + i2, hh * d + e]))
+  let grads = tabulate_3d b t 3 (\j i k -> tabulate h (\hh -> tabulate d (\e -> part j i hh e k)))
+  in unflatten (flatten (flatten (flatten (flatten grads))) :> [n * c3]f32)
 
 -- * Forward
 
 -- | What a layer computed over the N positions that its gradient needs:
--- the queries, keys and values per document and head, and the weights.
-type batch_acts [n][b][h][t][d][c][f] =
+-- the queries, keys and values, and the attention weights per document
+-- and head.
+type batch_acts [n][b][h][t][c][c3][f] =
   {xn: [n][c]f32, r1: [n]f32,
-   q: [b][h][t][d]f32, k: [b][h][t][d]f32, v: [b][h][t][d]f32,
+   qkv: [n][c3]f32,
    probs: [b][h][t][t]f32,
    y: [n][c]f32,
    xn2: [n][c]f32, r2: [n]f32,
@@ -174,21 +204,20 @@ def scale_rows [n][c] (x: [n][c]f32) (r: [n]f32): *[n][c]f32 =
 -- T positions, with its activations.
 #[inline]
 def batch_block [n][c][c3][f] (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
-                              : (*[n][c]f32, batch_acts [n][b][h][t][c / h][c][f]) =
+                              : (*[n][c]f32, batch_acts [n][b][h][t][c][c3][f]) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   let r1 = map rms_scale x
   let xn = scale_rows x r1
   let qkv = rows_linear xn w.wqkv  -- (N, 3C)
-  let (q, k, v) = (split_heads b t h d 0 qkv, split_heads b t h d c qkv, split_heads b t h d (2 * c) qkv)
-  let (probs, ys) = unzip (map3 (\qj kj vj -> unzip (map3 (attend_head scale) qj kj vj)) q k v)
-  let y = merge_heads_rows n ys :> [n][c]f32
+  let probs = attention_weights b t h d scale qkv
+  let y = attention_output b t h d qkv probs :> [n][c]f32
   let x = add_rows x (rows_linear y w.wo)
   let r2 = map rms_scale x
   let xn2 = scale_rows x r2
   let hid = rows_linear xn2 w.fc1
   let x = add_rows x (rows_linear (map (map relu) hid) w.fc2)
-  in (x, {xn, r1, q, k, v, probs, y, xn2, r2, hid})
+  in (x, {xn, r1, qkv, probs, y, xn2, r2, hid})
 
 -- | The summed loss of the real positions (position r is real where r % T
 -- < lengths[r / T]), and the gradient of the batch's mean loss (scale = 1
@@ -216,8 +245,9 @@ def batch_loss_and_dlogits [n][v][c][b] (lm_head: [v][c]f32) (x: [n][c]f32) (tar
 -- N positions (rows_linear of the transposed activations: its inner loop
 -- runs over the positions).  `w`: the layer's weights, transposed.
 #[inline]
-def batch_block_back [n][b][h][t][d][c][c3][f] (w: layer_t [c][c3][f]) (a: batch_acts [n][b][h][t][d][c][f])
-                                               (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
+def batch_block_back [n][b][h][t][c][c3][f] (w: layer_t [c][c3][f]) (a: batch_acts [n][b][h][t][c][c3][f])
+                                            (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
+  let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   -- fc2's gradient (C, 4C) as the buffer's 4C rows of C
   let as_rows (g: [c][f]f32): *[f][c]f32 = tabulate_2d f c (\r e -> #[unsafe] g[r / 4, (r % 4) * c + e])
@@ -231,12 +261,7 @@ def batch_block_back [n][b][h][t][d][c][c3][f] (w: layer_t [c][c3][f]) (a: batch
   let dxmid = add_rows dx (map3 rmsnorm_back dxn2 a.xn2 a.r2)
   -- x_mid = x_in + attn(xn) @ wo.T
   let g_wo = rows_linear (transposed dxmid) (transposed a.y)  -- (C, C)
-  let dy = split_heads b t h d 0 (rows_linear dxmid w.wo)
-  let (dq, dk, dv) = unzip3 (map5 (\qj kj vj pj dyj -> unzip3 (map5 (attend_head_back scale) qj kj vj pj dyj))
-                                  a.q a.k a.v a.probs dy)
-  let dqkv = map3 (\x y z -> (x ++ y ++ z) :> [c3]f32)
-                  (merge_heads_rows n dq :> [n][c]f32) (merge_heads_rows n dk :> [n][c]f32)
-                  (merge_heads_rows n dv :> [n][c]f32)
+  let dqkv = attention_back b t h d scale a.qkv a.probs (rows_linear dxmid w.wo)
   let g_qkv = rows_linear (transposed dqkv) (transposed a.xn)  -- (3C, C)
   let dxn = rows_linear dqkv w.wqkv
   let grads = (g_qkv ++ g_wo ++ g_fc1 ++ as_rows g_fc2) :> [12 * c][c]f32
@@ -252,7 +277,6 @@ def batch_gradient [rows][c][b][t1][l] (dm: dims) (layout: [l]i64) (params: [row
   let t = t1 - 1
   let n = b * t
   let (c3, f, nv, nl, h) = (3 * c, 4 * c, dm.vocab, dm.n_layer, dm.n_head)
-  let d = c / h
   let matrix_rows j o = weight_rows params (layout[j] / c) o
   let (wte, wpe, lm_head) = (matrix_rows 0 nv, matrix_rows 1 dm.block_size, matrix_rows 2 nv)
   let inputs = flatten (map (\row -> row[:t] :> [t]i32) tokens) :> [n]i32
@@ -264,16 +288,14 @@ def batch_gradient [rows][c][b][t1][l] (dm: dims) (layout: [l]i64) (params: [row
   let r0 = map rms_scale e
   let x0 = scale_rows e r0
   let zeros m = replicate n (replicate m 0f32)
-  let none: batch_acts [n][b][h][t][d][c][f] =
-    {xn = zeros c, r1 = replicate n 0, q = replicate b (replicate h (replicate t (replicate d 0))),
-     k = replicate b (replicate h (replicate t (replicate d 0))),
-     v = replicate b (replicate h (replicate t (replicate d 0))),
+  let none: batch_acts [n][b][h][t][c][c3][f] =
+    {xn = zeros c, r1 = replicate n 0, qkv = zeros c3,
      probs = replicate b (replicate h (replicate t (replicate t 0))), y = zeros c,
      xn2 = zeros c, r2 = replicate n 0, hid = zeros f}
   let (x, acts) =
     loop (x, acts) = (copy x0, replicate nl none) for j < nl do
       let (x, a) = batch_block h b t (layer_rows params layout c3 f j) x
-      in (x, acts with [j] = (a :> batch_acts [n][b][h][t][d][c][f]))
+      in (x, acts with [j] = (a :> batch_acts [n][b][h][t][c][c3][f]))
   let (loss_sum, dlogits) = batch_loss_and_dlogits lm_head x targets lengths t (1 / f32.i64 count)
   -- backward: the gradient rows of each layer, top down, then lm_head,
   -- wpe and wte
