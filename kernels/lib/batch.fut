@@ -1,30 +1,36 @@
 -- | A training step over B documents (B > 1): which documents a step
--- reads, padded to the longest, and their gradient sources, computed over
--- all N = B T positions of the step at once.
+-- reads, padded to the longest, and the gradient of the batch's mean
+-- loss, computed over all N = B T positions of the step at once.
 --
 -- The step is engine/model/gpt.py's batched loss_and_grad: every linear
 -- layer's forward and backward is one product over the N positions (rows
 -- = positions, document j's at j T .. j T + T - 1), so a weight matrix is
 -- read once per step and per product rather than once per document, and
--- the products are large enough to tile (rows_linear).  Attention runs per
--- document.  The activations are N rows from the start, so they are the
--- gradient sources of train.fut's update pass as they are: it sums every
--- weight row's gradient over the N positions, row by row, in place, as it
--- does over one document's T, with no copy of the sources.  Padding adds
--- nothing: its dlogits are zero (batch_loss_and_dlogits), and it comes
--- after each document's real positions, which attend only to earlier
--- ones, so every activation gradient there is zero too.
+-- the products are large enough to tile (rows_linear).  Each weight's
+-- gradient is a product too, dYᵀ X with the N positions as its inner
+-- loop (rows_linear of the two activations transposed), and the gradient
+-- is held whole, as the buffer's rows, for train.fut's update pass (at
+-- B = 1 the update pass instead sums each row's gradient over the T ~ 7
+-- positions as it goes).  Attention runs per document and head, reading
+-- the queries, keys and values in place.  Padding adds nothing: its
+-- dlogits are zero (batch_loss_and_dlogits), and it comes after each
+-- document's real positions, which attend only to earlier ones, so every
+-- activation gradient there is zero too.
 --
 -- B = 1 (microgpt's step, train.fut's one_document) shares none of these
 -- functions: its products are model.fut's, shaped for T ~ 7 rows.
 --
--- Every function here that takes weights or activations is #[inline]:
--- with rows_linear, the layer and the attention functions called as
--- functions, Futhark 0.25.34 compiled a step whose gradient was wrong for
--- every layer below the last (1e-3 off NumPy's and vjp's), depending on
--- which other functions the program held (model.fut's back_linear met the
--- same bug: a weight matrix, a view into the flat buffer, read from the
--- wrong place).
+-- Every function here that takes weights or activations is #[inline] or
+-- #[noinline] on purpose.  Inlined: with rows_linear, the layer and the
+-- attention functions called as functions, Futhark 0.25.34 compiled a
+-- step whose gradient was wrong for every layer below the last (1e-3 off
+-- NumPy's and vjp's), depending on which other functions the program
+-- held (model.fut's back_linear met the same bug: a weight matrix, a
+-- view into the flat buffer, read from the wrong place).  Not inlined: a
+-- few producers whose result a product reads (the transposes, fc2's copy,
+-- the attention's output and gradient), which, fused into the product,
+-- were read through reshapes with an integer division per element.  The
+-- tests hold the step to vjp and NumPy at every such choice.
 
 import "model"
 import "train"

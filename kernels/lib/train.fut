@@ -73,17 +73,6 @@ def loss_and_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]
   let (losses, dlogits) = unzip (position_dlogits lm_head x targets (\_ -> inv_t))
   in (f32.sum losses * inv_t, dlogits)
 
--- | For a document padded to T positions of which the first n are real,
--- in a batch whose loss is the mean over its real positions (scale = 1 /
--- their count): the summed loss of the document's real positions, and the
--- batch loss's gradient with respect to the document's logits, zero at the
--- padding.  Padding then gets no gradient anywhere: it comes after the
--- real positions, which attend only to earlier ones.
-def masked_loss_and_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32) (n: i64)
-                                      (scale: f32): (f32, *[t][v]f32) =
-  let (losses, dlogits) = unzip (position_dlogits lm_head x targets (\i -> if i < n then scale else 0))
-  in (f32.sum (map2 (\i l -> if i < n then l else 0) (iota t) losses), dlogits)
-
 -- * Backward
 
 -- | The gradients of a layer's activations that its weight gradients need:
@@ -243,9 +232,8 @@ def layer_source (c: i64) (o: i64): i64 =
 -- map per section of rows) that reads and writes each buffer once.  The rows are those of
 -- engine/params.py's layout: wte, wpe, lm_head, then 12 C per layer (wq,
 -- wk, wv, wo, fc1, and fc2's rows of 4C as four rows of C); new_weights
--- checked the layout.  `period`: the positions of one document, T; the
--- sources of a batch hold its B documents' positions one after another
--- (B T of them), and position i is wpe's row i % period.
+-- checked the layout.  `period`: the positions of one document, T
+-- (position i is wpe's row i % period).
 def update_all [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (period: i64)
                                              (s: sources [t][c][c3][f][nv][l][k])
                                              (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
