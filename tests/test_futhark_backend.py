@@ -62,19 +62,24 @@ def test_layout_refuses_a_different_order(corpus):
         fbk.layout_offsets(wider, model, corpus.vocab_size)
 
 
-def test_multicore_threads_by_model_size():
-    """One thread below MULTICORE_MIN_PARAMS (a second made small steps slower), every core from there."""
-    assert fbk.multicore_threads(fbk.MULTICORE_MIN_PARAMS - 1, 2, environ={}) == 1
-    assert fbk.multicore_threads(fbk.MULTICORE_MIN_PARAMS, 2, environ={}) == 2
+def test_multicore_threads_by_work_per_step():
+    """One thread below MULTICORE_MIN_WORK parameters times documents per step (a
+    second made small steps slower), every core from there."""
+    assert fbk.multicore_threads(fbk.MULTICORE_MIN_WORK - 1, 2, environ={}) == 1
+    assert fbk.multicore_threads(fbk.MULTICORE_MIN_WORK, 2, environ={}) == 2
     assert fbk.multicore_threads(85_000_000, 8, environ={}) == 8
-    # measured (README "Performance"): s128 is faster on one thread, s256 on two
+    # measured: s128 is faster on one thread, s256 on two (README "Performance");
+    # at 32 documents per step, s32 on one and s64 on two (docs/performance.md)
     names_vocab = 27
-    assert fbk.multicore_threads(PRESETS["s128"].model.num_params(names_vocab), 2, environ={}) == 1
-    assert fbk.multicore_threads(PRESETS["s256"].model.num_params(names_vocab), 2, environ={}) == 2
+    params = {name: PRESETS[name].model.num_params(names_vocab) for name in ("s32", "s64", "s128", "s256")}
+    assert fbk.multicore_threads(params["s128"], 2, environ={}) == 1
+    assert fbk.multicore_threads(params["s256"], 2, environ={}) == 2
+    assert fbk.multicore_threads(params["s32"], 2, environ={}, batch=32) == 1
+    assert fbk.multicore_threads(params["s64"], 2, environ={}, batch=32) == 2
+    assert fbk.multicore_threads(params["s128"], 2, environ={}, batch=16) == 2
+    assert fbk.multicore_threads(4192, 2, environ={}, batch=2) == 1
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: " 3 "}) == 3
-    # a batch is the parallel work at any size
-    assert fbk.multicore_threads(4192, 2, environ={}, batch=2) == 2
-    assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "1"}, batch=16) == 1
+    assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "2"}, batch=16) == 2
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(BackendError, match=fbk.THREADS_ENV):
             fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: bad})

@@ -239,15 +239,18 @@ class FutharkCBackend(FutharkBackend):
     host_buffers = 6  # the weights' parameters and moments, and get_state's copies of them
 
 
-# Below this many parameters the multicore backend runs on one thread: from
-# tiny to s128 (0.8 million) a second thread made every step slower (Futhark's
-# scheduler costs microseconds per parallel region, and a step has hundreds:
-# s128 1.55 against 1.14 ms). From s256 (4.8 million) up, where the update
-# pass runs on every core too, two threads are faster (s256 5.8 against 6.7
-# ms, gpt2-small 84 against 138; quiet machine, README "Performance"). A batch
-# of B > 1 documents per step is B independent forward and backward passes,
-# run in parallel at any size.
-MULTICORE_MIN_PARAMS = 2_000_000
+# Below this much work a step (parameters times documents per step) the
+# multicore backend runs on one thread: Futhark's scheduler costs microseconds
+# per parallel region, and a step has dozens to hundreds. At one document per
+# step, from tiny to s128 (0.8 million parameters) a second thread made every
+# step slower (s128 1.55 against 1.14 ms); from s256 (4.8 million) up, where
+# the update pass runs on every core too, two threads are faster (s256 5.8
+# against 6.7 ms, gpt2-small 84 against 138; quiet machine, README
+# "Performance"). At 32 documents per step (a batch's products over all its
+# positions) two threads were slower up to s32 (27,000 parameters: 2.72
+# against 2.28 ms) and faster from s64 (155,000: 8.78 against 9.93 ms;
+# docs/performance.md, "The automatic choice's table").
+MULTICORE_MIN_WORK = 2_000_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 
@@ -260,7 +263,7 @@ def multicore_threads(num_params: int, cores: int, environ=None, batch: int = 1)
         if not text.isdigit() or int(text) < 1:
             raise BackendError(f"{THREADS_ENV} must be a whole number from 1, got {text!r}")
         return int(text)
-    return 1 if num_params < MULTICORE_MIN_PARAMS and batch == 1 else cores
+    return 1 if num_params * batch < MULTICORE_MIN_WORK else cores
 
 
 class FutharkMulticoreBackend(FutharkBackend):
