@@ -66,7 +66,8 @@ class SpeedTable:
 # runs. The first two ran on a shared machine (load average 3.8 to 5.9 on its
 # 2 cores), with the kernel from before issue 28's batched step; the last
 # measured batch 32 again on the new kernel, on a quieter machine, and its
-# rows replace theirs.
+# rows replace theirs; the fourth, futhark-multicore where it now runs one
+# thread (learn to s32 at batch 32).
 SHIPPED: tuple[SpeedTable, ...] = (
     SpeedTable(
         date="2026-12-02",
@@ -151,6 +152,23 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("numpy", "s256", 4_797_952, 32, 67.99),
             ("futhark-c", "s256", 4_797_952, 32, 153.5),
             ("futhark-multicore", "s256", 4_797_952, 32, 97.02),
+        ),
+    ),
+    SpeedTable(
+        date="2026-12-02",
+        machine="AMD EPYC, 2 cores, shared (load average 1.0)",
+        command="microgpt-gui bench --backends numpy,futhark-c,futhark-multicore --presets learn,tiny,s32 "
+                "--batch 32 --sample-names 0 --rounds 2 (futhark-multicore on one thread there)",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 1.445),
+            ("futhark-c", "learn", 26_816, 32, 2.368),
+            ("futhark-multicore", "learn", 26_816, 32, 2.337),
+            ("numpy", "tiny", 4_192, 32, 0.5335),
+            ("futhark-c", "tiny", 4_192, 32, 0.6529),
+            ("futhark-multicore", "tiny", 4_192, 32, 0.6308),
+            ("numpy", "s32", 27_328, 32, 1.306),
+            ("futhark-c", "s32", 27_328, 32, 2.154),
+            ("futhark-multicore", "s32", 27_328, 32, 2.299),
         ),
     ),
 )
