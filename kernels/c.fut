@@ -39,7 +39,7 @@ entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weig
 -- | k steps of the model's batch size B > 1 documents each.
 entry train_batch [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                      : (weights [rows][c], [k]f32) =
-  train_steps (batch_of_documents s) {params, m, v, step} k
+  train_steps (batch_of_documents products s) {params, m, v, step} k
 
 entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m

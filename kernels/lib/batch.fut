@@ -53,46 +53,64 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 -- * Products over the step's positions
 
 -- | x @ w.T for x (N, I) and a weight w (O, I) stored as (out, in): each
--- 4 x 4 tile of the result is 16 dot products over I computed together,
--- four rows of x against four rows of w, so each loaded value serves four
--- products (clang makes the loop over I 16 vector FMAs on 8 loads).  A
--- dot product per element loads two values per FMA: 2.8 ms for
--- (256, 256) by (1024, 256) on one thread of this machine, 1.9 tiled.
--- Rows past N or O repeat the last row and are dropped.  The map over
--- tiles of rows is the multicore backend's parallel work.
+-- 4 x 2 tile of the result is 8 dot products over I computed together,
+-- four rows of x against two rows of w, so each loaded value serves two
+-- or four products.  Its 8 vector accumulators and 6 loaded vectors fit
+-- the 16 vector registers of AVX2; a 4 x 4 tile (16 accumulators, as
+-- until 2026-12-03) spilled them and ran 1.6-1.9 times slower on a Zen 2
+-- core (futhark bench of both at the step's shapes, (256, 64) by
+-- (192, 64) to (256, 256) by (1024, 256); a plain dot product per element
+-- loads two values per FMA).  Rows past N or O repeat the last row and
+-- are dropped.  The map over tiles of rows is the multicore backend's
+-- parallel work.
 #[inline]
 def rows_linear [n][i][o] (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
   let xr a = #[unsafe] x[i64.min (n - 1) a]
   let wr b = #[unsafe] w[i64.min (o - 1) b]
-  let add (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
-          (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15) =
-    (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7,
-     a8 + b8, a9 + b9, a10 + b10, a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15)
-  let zero = (0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32)
+  let add (a0, a1, a2, a3, a4, a5, a6, a7) (b0, b1, b2, b3, b4, b5, b6, b7) =
+    (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7)
+  let zero = (0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32)
   let tile a b =
     let (x0, x1, x2, x3) = (xr (4 * a), xr (4 * a + 1), xr (4 * a + 2), xr (4 * a + 3))
-    let (w0, w1, w2, w3) = (wr (4 * b), wr (4 * b + 1), wr (4 * b + 2), wr (4 * b + 3))
+    let (w0, w1) = (wr (2 * b), wr (2 * b + 1))
     let products k = #[unsafe]
                      let (p0, p1, p2, p3) = (x0[k], x1[k], x2[k], x3[k])
-                     let (q0, q1, q2, q3) = (w0[k], w1[k], w2[k], w3[k])
-                     in (p0 * q0, p0 * q1, p0 * q2, p0 * q3, p1 * q0, p1 * q1, p1 * q2, p1 * q3,
-                         p2 * q0, p2 * q1, p2 * q2, p2 * q3, p3 * q0, p3 * q1, p3 * q2, p3 * q3)
+                     let (q0, q1) = (w0[k], w1[k])
+                     in (p0 * q0, p0 * q1, p1 * q0, p1 * q1, p2 * q0, p2 * q1, p3 * q0, p3 * q1)
     in #[sequential] reduce_comm add zero (map products (iota i))
-  let tiles = map (\a -> map (tile a) (iota ((o + 3) / 4))) (iota ((n + 3) / 4))
+  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 3) / 4))
+  -- (shifts and masks: / and % on i64 were division calls, ~4% of a step)
   let pick r c = #[unsafe]
-                 let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15) = tiles[r / 4, c / 4]
-                 let row4 (e0, e1, e2, e3) = let k = c % 4
-                                             in if k == 0 then e0 else if k == 1 then e1 else if k == 2 then e2 else e3
-                 let k = r % 4
-                 in if k == 0 then row4 (a0, a1, a2, a3) else if k == 1 then row4 (a4, a5, a6, a7)
-                    else if k == 2 then row4 (a8, a9, a10, a11) else row4 (a12, a13, a14, a15)
+                 let (a0, a1, a2, a3, a4, a5, a6, a7) = tiles[r >> 2, c >> 1]
+                 let row2 (e0, e1) = if (c & 1) == 0 then e0 else e1
+                 let k = r & 3
+                 in if k == 0 then row2 (a0, a1) else if k == 1 then row2 (a2, a3)
+                    else if k == 2 then row2 (a4, a5) else row2 (a6, a7)
   in tabulate_2d n o pick
+
+-- | x as a fresh row-major (M, N) array, 8 of its rows at a time: each
+-- pass reads 8 adjacent columns of x (a cache line's worth per row of x)
+-- and writes them into 8 rows in place.  The map over blocks of rows is
+-- the multicore backend's parallel work; its own transposing copy
+-- computed each element's position with an integer division (13% of an
+-- s64 step), and a block built by `tabulate` was then copied element by
+-- element into the result (3-9 times slower than this loop at the
+-- step's shapes on two threads, `futhark bench`).
+def transposed_rows [n][m] (x: [n][m]f32): *[m][n]f32 =
+  let block q = #[unsafe] loop out = replicate 8 (replicate n 0f32) for b < n do
+                  loop out for a < 8 do out with [a, b] = x[b, i64.min (m - 1) (8 * q + a)]
+  in #[unsafe] (flatten (map block (iota ((m + 7) / 8))))[:m] :> [m][n]f32
 
 -- | x as a fresh row-major (M, N) array: the transposed operands of
 -- rows_linear (a view would be read with a stride in its inner loop).
+-- Sequential C and the GPUs copy the transpose, which Futhark does by
+-- blocks (an element-by-element tabulate was 10% of an s64 step);
+-- multicore uses transposed_rows.
 #[noinline]
-def transposed [n][m] (x: [n][m]f32): *[m][n]f32 =
-  tabulate_2d m n (\a b -> #[unsafe] x[b, a])
+def transposed [n][m] (p: products) (x: [n][m]f32): *[m][n]f32 =
+  match p
+  case #tasks _ -> transposed_rows x
+  case _ -> copy (transpose x)
 
 -- * The step's weights
 
@@ -123,12 +141,52 @@ def layer_rows [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i6
       fc2 = fc2_rows params (at 5) :> [c][f]f32}
 
 #[inline]
-def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64): layer_t [c][c3][f] =
+def layer_rows_t [rows][c] (p: products) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64)
+                           : layer_t [c][c3][f] =
   let at j = layout[3 + 6 * l + j] / c
-  in {wqkv = transposed (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
-      wo = transposed (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
-      fc1 = transposed (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
-      fc2 = transposed (fc2_rows params (at 5) :> [c][f]f32)}
+  in {wqkv = transposed p (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
+      wo = transposed p (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
+      fc1 = transposed p (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
+      fc2 = transposed p (fc2_rows params (at 5) :> [c][f]f32)}
+
+-- * Per position
+--
+-- The row-wise steps between the products (rmsnorm, residual sums, relu
+-- and its mask): on the multicore backend a sequential loop over the
+-- positions, each row's own work sequential too (as parallel maps they
+-- woke the threads for a few microseconds' work each, and Futhark made
+-- the inner maps parallel loops per position); a map elsewhere.  The
+-- formulas are model.fut's rms_scale and rmsnorm_back, with their inner
+-- sums and maps marked sequential.
+
+-- | f of each of the n positions.
+#[inline]
+def positions 'a (p: products) (n: i64) (f: i64 -> a): *[n]a =
+  match p
+  case #tasks _ -> #[sequential] map f (iota n)
+  case _ -> map f (iota n)
+
+-- | Each row's rmsnorm (without weights) and its scale.
+#[inline]
+def normalised [n][c] (p: products) (x: [n][c]f32): ([n][c]f32, [n]f32) =
+  unzip (positions p n (\r -> let row = #[unsafe] x[r]
+                              let s = 1 / f32.sqrt (#[sequential] f32.sum (map (\a -> a * a) row) / f32.i64 c + 1e-5)
+                              in (#[sequential] map (* s) row, s)))
+
+#[inline]
+def added [n][c] (p: products) (x: [n][c]f32) (y: [n][c]f32): *[n][c]f32 =
+  positions p n (\r -> #[sequential] map2 (+) (#[unsafe] x[r]) (#[unsafe] y[r]))
+
+-- | model.fut's rmsnorm_back of one row.
+#[inline]
+def norm_back_row [c] (dy: [c]f32) (y: [c]f32) (r: f32): [c]f32 =
+  let mean_dy_y = #[sequential] f32.sum (map2 (*) dy y) / f32.i64 c
+  in #[sequential] map2 (\d yv -> r * (d - yv * mean_dy_y)) dy y
+
+-- | dx plus the gradient back through y = rmsnorm(x) (scales r) from dy.
+#[inline]
+def add_norm_back [n][c] (p: products) (dx: [n][c]f32) (dy: [n][c]f32) (y: [n][c]f32) (r: [n]f32): *[n][c]f32 =
+  positions p n (\i -> #[unsafe] #[sequential] map2 (+) dx[i] (norm_back_row dy[i] y[i] r[i]))
 
 -- * Attention, per document and head
 --
@@ -136,12 +194,22 @@ def layer_rows_t [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: 
 -- (position i of document j is row j T + i; head h's part of each is
 -- columns h D .. h D + D - 1), and written straight into (N, C) rows:
 -- heads copied out into blocks of their own, or merged back, were
--- permuting copies, element by element (11% of an s64 step).
+-- permuting copies, element by element (11% of an s64 step).  Position
+-- i attends to positions i2 <= i only, so every sum below runs over
+-- those (the weights past i are zero).
 
 -- | Document j's row i, head hh's D columns from `first` on: a view.
 #[inline]
 def head_row [n][m] (t: i64) (d: i64) (x: [n][m]f32) (first: i64) (j: i64) (hh: i64) (i: i64): [d]f32 =
   #[unsafe] x[j * t + i, first + hh * d:first + hh * d + d] :> [d]f32
+
+-- | sum over i < count of w(i) row(i), for rows of D values: one row
+-- accumulated in place (a map2 per term allocated a fresh row each time).
+#[inline]
+def weighted_rows (d: i64) (count: i64) (w: i64 -> f32) (row: i64 -> [d]f32): *[d]f32 =
+  loop acc = replicate d 0f32 for i < count do
+    let (wi, r) = (w i, row i)
+    in loop acc for e < d do #[unsafe] acc with [e] = acc[e] + wi * r[e]
 
 -- | (B, T, H, D) values as (N, H D) rows: a reshape of a fresh array.
 #[inline]
@@ -156,7 +224,8 @@ def attention_weights [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (
   let c = h * d
   in tabulate_3d b h t (\j hh i ->
        let q = head_row t d qkv 0 j hh i
-       in causal_softmax i (tabulate t (\i2 -> dot q (head_row t d qkv c j hh i2) * scale)))
+       -- causal_softmax ignores the scores past i
+       in causal_softmax i (tabulate t (\i2 -> if i2 <= i then dot q (head_row t d qkv c j hh i2) * scale else 0)))
 
 -- | The attention output (N, C): position i's head hh is sum_i2 p[i, i2] v[i2].
 -- (A function of its own, as attention_back: fused into the next
@@ -166,8 +235,7 @@ def attention_output [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f3
     : *[n][h * d]f32 =
   let c = h * d
   in position_rows n (tabulate_3d b t h (\j i hh ->
-       let p = #[unsafe] probs[j, hh, i]
-       in tabulate d (\e -> f32.sum (tabulate t (\i2 -> #[unsafe] p[i2] * qkv[j * t + i2, 2 * c + hh * d + e])))))
+       weighted_rows d (i + 1) (\i2 -> #[unsafe] probs[j, hh, i, i2]) (head_row t d qkv (2 * c) j hh)))
 
 -- | Back through the attention: the gradient of the queries, keys and
 -- values (N, 3C) from the output's gradient dy (N, C).
@@ -178,52 +246,49 @@ def attention_back [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (
   let datt = tabulate_3d b h t (\j hh i ->
                let p = #[unsafe] probs[j, hh, i]
                let dyi = head_row t d dy 0 j hh i
-               let dp = tabulate t (\i2 -> dot dyi (head_row t d qkv (2 * c) j hh i2))
+               let dp = tabulate t (\i2 -> if i2 <= i then dot dyi (head_row t d qkv (2 * c) j hh i2) else 0)
                let s = dot p dp
                in map2 (\pv dv -> pv * (dv - s) * scale) p dp)
-  -- dq_i = sum_i2 datt[i, i2] k_i2, dk_i = sum_i2 datt[i2, i] q_i2,
-  -- dv_i = sum_i2 p[i2, i] dy_i2
-  let part j i hh e k = #[unsafe]
-    if k == 0 then f32.sum (tabulate t (\i2 -> datt[j, hh, i, i2] * qkv[j * t + i2, c + hh * d + e]))
-    else if k == 1 then f32.sum (tabulate t (\i2 -> datt[j, hh, i2, i] * qkv[j * t + i2, hh * d + e]))
-    else f32.sum (tabulate t (\i2 -> probs[j, hh, i2, i] * dy[j * t + i2, hh * d + e]))
-  let grads = tabulate_3d b t 3 (\j i k -> tabulate h (\hh -> tabulate d (\e -> part j i hh e k)))
+  -- dq_i = sum_{i2 <= i} datt[i, i2] k_i2, dk_i = sum_{i2 >= i} datt[i2, i] q_i2,
+  -- dv_i = sum_{i2 >= i} p[i2, i] dy_i2
+  let part j i k hh = #[unsafe]
+    if k == 0 then weighted_rows d (i + 1) (\i2 -> datt[j, hh, i, i2]) (head_row t d qkv c j hh)
+    else if k == 1 then weighted_rows d (t - i) (\i2 -> datt[j, hh, i + i2, i]) (\i2 -> head_row t d qkv 0 j hh (i + i2))
+    else weighted_rows d (t - i) (\i2 -> probs[j, hh, i + i2, i]) (\i2 -> head_row t d dy 0 j hh (i + i2))
+  let grads = tabulate_3d b t 3 (\j i k -> tabulate h (part j i k))
   in unflatten (flatten (flatten (flatten (flatten grads))) :> [n * c3]f32)
 
 -- * Forward
 
 -- | What a layer computed over the N positions that its gradient needs:
--- the queries, keys and values, and the attention weights per document
--- and head.
+-- the queries, keys and values, the attention weights per document and
+-- head, and relu of fc1's output (relu(h) > 0 exactly where h > 0, its
+-- gradient's mask).
 type batch_acts [n][b][h][t][c][c3][f] =
   {xn: [n][c]f32, r1: [n]f32,
    qkv: [n][c3]f32,
    probs: [b][h][t][t]f32,
    y: [n][c]f32,
    xn2: [n][c]f32, r2: [n]f32,
-   hid: [n][f]f32}
-
-def scale_rows [n][c] (x: [n][c]f32) (r: [n]f32): *[n][c]f32 =
-  map2 (\row s -> map (* s) row) x r
+   act: [n][f]f32}
 
 -- | One pre-norm transformer layer over the N positions of B documents of
 -- T positions, with its activations.
 #[inline]
-def batch_block [n][c][c3][f] (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
+def batch_block [n][c][c3][f] (p: products) (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
                               : (*[n][c]f32, batch_acts [n][b][h][t][c][c3][f]) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
-  let r1 = map rms_scale x
-  let xn = scale_rows x r1
+  let (xn, r1) = normalised p x
   let qkv = rows_linear xn w.wqkv  -- (N, 3C)
   let probs = attention_weights b t h d scale qkv
   let y = attention_output b t h d qkv probs :> [n][c]f32
-  let x = add_rows x (rows_linear y w.wo)
-  let r2 = map rms_scale x
-  let xn2 = scale_rows x r2
+  let x = added p x (rows_linear y w.wo)
+  let (xn2, r2) = normalised p x
   let hid = rows_linear xn2 w.fc1
-  let x = add_rows x (rows_linear (map (map relu) hid) w.fc2)
-  in (x, {xn, r1, qkv, probs, y, xn2, r2, hid})
+  let act = positions p n (\r -> #[sequential] map relu (#[unsafe] hid[r]))
+  let x = added p x (rows_linear act w.fc2)
+  in (x, {xn, r1, qkv, probs, y, xn2, r2, act})
 
 -- | The summed loss of the real positions (position r is real where r % T
 -- < lengths[r / T]), and the gradient of the batch's mean loss (scale = 1
@@ -232,15 +297,8 @@ def batch_block [n][c][c3][f] (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (
 def batch_loss_and_dlogits [n][v][c][b] (lm_head: [v][c]f32) (x: [n][c]f32) (targets: [n]i32)
                                         (lengths: [b]i64) (t: i64) (scale: f32): (f32, *[n][v]f32) =
   let real r = #[unsafe] r % t < lengths[r / t]
-  let position r logits target =
-    let top = f32.maximum logits
-    let e = map (\l -> f32.exp (l - top)) logits
-    let z = f32.sum e
-    let loss = f32.log z - (#[unsafe] logits[i64.i32 target] - top)
-    let w = if real r then scale else 0
-    in (if real r then loss else 0, map2 (\j ej -> (ej / z - f32.bool (j == i64.i32 target)) * w) (iota v) e)
-  let (losses, dlogits) = unzip (map3 position (iota n) (rows_linear x lm_head) targets)
-  in (f32.sum losses, dlogits)
+  let (losses, dlogits) = unzip (position_dlogits (rows_linear x lm_head) targets (\r -> if real r then scale else 0))
+  in (f32.sum (map2 (\r loss -> if real r then loss else 0) (iota n) losses), dlogits)
 
 -- * Backward
 
@@ -251,35 +309,35 @@ def batch_loss_and_dlogits [n][v][c][b] (lm_head: [v][c]f32) (x: [n][c]f32) (tar
 -- N positions (rows_linear of the transposed activations: its inner loop
 -- runs over the positions).  `w`: the layer's weights, transposed.
 #[inline]
-def batch_block_back [n][b][h][t][c][c3][f] (w: layer_t [c][c3][f]) (a: batch_acts [n][b][h][t][c][c3][f])
+def batch_block_back [n][b][h][t][c][c3][f] (p: products) (w: layer_t [c][c3][f])
+                                            (a: batch_acts [n][b][h][t][c][c3][f])
                                             (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   -- fc2's gradient (C, 4C) as the buffer's 4C rows of C
   let as_rows (g: [c][f]f32): *[f][c]f32 = tabulate_2d f c (\r e -> #[unsafe] g[r / 4, (r % 4) * c + e])
   -- x_out = x_mid + relu(xn2 @ fc1.T) @ fc2.T
-  let relu_hid = map (map relu) a.hid
-  let g_fc2 = rows_linear (transposed dx) (transposed relu_hid)  -- (C, 4C)
+  let g_fc2 = rows_linear (transposed p dx) (transposed p a.act)  -- (C, 4C)
   let dact = rows_linear dx w.fc2
-  let dhid = map2 (map2 (\g hv -> if hv > 0 then g else 0)) dact a.hid
-  let g_fc1 = rows_linear (transposed dhid) (transposed a.xn2)  -- (4C, C)
+  let dhid = positions p n (\r -> #[unsafe] #[sequential] map2 (\g av -> if av > 0 then g else 0) dact[r] a.act[r])
+  let g_fc1 = rows_linear (transposed p dhid) (transposed p a.xn2)  -- (4C, C)
   let dxn2 = rows_linear dhid w.fc1
-  let dxmid = add_rows dx (map3 rmsnorm_back dxn2 a.xn2 a.r2)
+  let dxmid = add_norm_back p dx dxn2 a.xn2 a.r2
   -- x_mid = x_in + attn(xn) @ wo.T
-  let g_wo = rows_linear (transposed dxmid) (transposed a.y)  -- (C, C)
+  let g_wo = rows_linear (transposed p dxmid) (transposed p a.y)  -- (C, C)
   let dqkv = attention_back b t h d scale a.qkv a.probs (rows_linear dxmid w.wo)
-  let g_qkv = rows_linear (transposed dqkv) (transposed a.xn)  -- (3C, C)
+  let g_qkv = rows_linear (transposed p dqkv) (transposed p a.xn)  -- (3C, C)
   let dxn = rows_linear dqkv w.wqkv
   let grads = (g_qkv ++ g_wo ++ g_fc1 ++ as_rows g_fc2) :> [12 * c][c]f32
-  in (add_rows dxmid (map3 rmsnorm_back dxn a.xn a.r1), grads)
+  in (add_norm_back p dxmid dxn a.xn a.r1, grads)
 
 -- | The batch's mean loss over its real positions, and its gradient as
 -- the parameter buffer's rows (engine/params.py's layout, rows of C): a
 -- forward pass over the N = B T positions of the step (document j's at
 -- j T .. j T + T - 1), then a backward pass that computes every weight's
 -- gradient as products over those positions.
-def batch_gradient [rows][c][b][t1][l] (dm: dims) (layout: [l]i64) (params: [rows][c]f32) (tokens: [b][t1]i32)
-                                       (lengths: [b]i64): (f32, *[rows][c]f32) =
+def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
+                                       (tokens: [b][t1]i32) (lengths: [b]i64): (f32, *[rows][c]f32) =
   let t = t1 - 1
   let n = b * t
   let (c3, f, nv, nl, h) = (3 * c, 4 * c, dm.vocab, dm.n_layer, dm.n_head)
@@ -289,18 +347,18 @@ def batch_gradient [rows][c][b][t1][l] (dm: dims) (layout: [l]i64) (params: [row
   let targets = flatten (map (\row -> row[1:] :> [t]i32) tokens) :> [n]i32
   let count = i64.sum lengths
   -- forward
-  let e = flatten (map (\row -> map2 (\tok i -> #[unsafe] map2 (+) wte[i64.i32 tok] wpe[i]) (row[:t] :> [t]i32)
-                                     (iota t)) tokens) :> [n][c]f32
-  let r0 = map rms_scale e
-  let x0 = scale_rows e r0
+  let e = map2 (\tok r -> #[unsafe] map2 (+) wte[i64.i32 tok] wpe[r % t]) inputs (iota n)
+  let (x0, r0) = normalised p e
+  -- the activations' buffer starts as zeros: Futhark has no uninitialised
+  -- arrays, and each layer's entry is then written in place
   let zeros m = replicate n (replicate m 0f32)
   let none: batch_acts [n][b][h][t][c][c3][f] =
     {xn = zeros c, r1 = replicate n 0, qkv = zeros c3,
      probs = replicate b (replicate h (replicate t (replicate t 0))), y = zeros c,
-     xn2 = zeros c, r2 = replicate n 0, hid = zeros f}
+     xn2 = zeros c, r2 = replicate n 0, act = zeros f}
   let (x, acts) =
     loop (x, acts) = (copy x0, replicate nl none) for j < nl do
-      let (x, a) = batch_block h b t (layer_rows params layout c3 f j) x
+      let (x, a) = batch_block p h b t (layer_rows params layout c3 f j) x
       in (x, acts with [j] = (a :> batch_acts [n][b][h][t][c][c3][f]))
   let (loss_sum, dlogits) = batch_loss_and_dlogits lm_head x targets lengths t (1 / f32.i64 count)
   -- backward: the gradient rows of each layer, top down, then lm_head,
@@ -308,13 +366,13 @@ def batch_gradient [rows][c][b][t1][l] (dm: dims) (layout: [l]i64) (params: [row
   let head_end = 2 * nv + dm.block_size
   let grads = replicate rows (replicate c 0f32)
   let (dx, grads) =
-    loop (dx, grads) = (rows_linear dlogits (transposed lm_head), grads) for i < nl do
+    loop (dx, grads) = (rows_linear dlogits (transposed p lm_head), grads) for i < nl do
       let j = nl - 1 - i
-      let (dx, g) = batch_block_back (layer_rows_t params layout c3 f j) acts[j] dx
+      let (dx, g) = batch_block_back p (layer_rows_t p params layout c3 f j) acts[j] dx
       let first = head_end + 12 * c * j
       in (dx, grads with [first:first + 12 * c] = g)
-  let dx0 = map3 rmsnorm_back dx x0 r0
-  let g_head = rows_linear (transposed dlogits) (transposed x)  -- (V, C)
+  let dx0 = positions p n (\i -> #[unsafe] norm_back_row dx[i] x0[i] r0[i])
+  let g_head = rows_linear (transposed p dlogits) (transposed p x)  -- (V, C)
   -- wte: each position's dx0 added to its token's row; wpe: position i's
   -- row the sum over the documents of their position i (none past T)
   let g_wte = reduce_by_index (replicate nv (replicate c 0)) (map2 (+)) (replicate c 0)

@@ -91,6 +91,9 @@ def gradient_norm2 [t][c][c3][f][v][l][k] (period: i64) (s: sources [t][c][c3][f
   in gram_dot same_token x0 + gram_dot position x0 + gram_dot (gram s.dlogits) (gram s.xs[1])
      + f64.sum (map layer (iota l))
 
+-- | The largest finite f32.
+def largest_f32: f64 = 3.4028234663852886e38
+
 -- | |x|, with NaN as infinity (so that a maximum keeps it).
 def magnitude (x: f32): f32 = if f32.isnan x then f32.inf else f32.abs x
 
@@ -104,12 +107,11 @@ def abs_max [n][m] (a: [n][m]f32): f32 =
 -- tiny step when computed every time).
 def gradient_is_finite [t][c][c3][f][v][l][k] (p: i64) (period: i64) (s: sources [t][c][c3][f][v][l][k])
                                               : bool =
-  let largest = 3.4028234663852886e38  -- the largest finite f32
   let layer_max (g: layer_grads [t][c][c3][f]) =
     f32.maximum [abs_max g.dqkv, abs_max g.dxmid, abs_max g.dhid, abs_max g.dxout]
   let coef = f32.maximum [1, abs_max s.dlogits, f32.maximum (map layer_max s.grads)]
   let bound = f64.i64 t * f64.f32 coef * f64.f32 (f32.maximum (map abs_max s.xs))
-  in f64.i64 p * bound * bound <= largest || gradient_norm2 period s <= largest
+  in f64.i64 p * bound * bound <= largest_f32 || gradient_norm2 period s <= largest_f32
 
 -- | Adam's update at `step`, or none (a diverged step, ok = false).
 def adam_at (a: adam) (step: i64) (ok: bool): update =
@@ -151,18 +153,18 @@ def one_document_merged [rows][c][l][n][d] (products: products) (s: model [l][n]
 -- | Whether the squared norm of a gradient held whole is a finite f32
 -- (gradient_is_finite's test, computed directly in f64).
 def squared_norm_is_finite [rows][c] (g: [rows][c]f32): bool =
-  f64.sum (map (\row -> f64.sum (map (\x -> f64.f32 x * f64.f32 x) row)) g) <= 3.4028234663852886e38
+  f64.sum (map (\row -> f64.sum (map (\x -> f64.f32 x * f64.f32 x) row)) g) <= largest_f32
 
 -- | B documents per step (batch.fut's batch_gradient): one gradient of the
 -- batch's mean loss, held whole, then the update.
-def batch_of_documents [rows][c][l][n][d] (s: model [l][n][d]) (step: i64)
+def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let b = s.batch
   let lengths = batch_lengths s.windows b step
   let t = i64.maximum lengths
   let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
-  let (loss, grads) = batch_gradient s.dims s.layout params tokens lengths
+  let (loss, grads) = batch_gradient products s.dims s.layout params tokens lengths
   let ok = finite loss && squared_norm_is_finite grads
   let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) grads params m v
   in (loss, ok, params, m, v)

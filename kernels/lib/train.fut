@@ -51,26 +51,25 @@ def forward_train [p][t] (d: dims) (c: i64) (f: i64) (h: i64) (nl: i64) (layout:
       in (x, acts with [l] = a)
   in {x0, r0, acts, x}
 
--- | The cross-entropy of predicting targets from the final hidden states
--- x at each position, and its gradient with respect to the logits,
--- softmax - one_hot, times weight(position): a row per position.
-def position_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32) (weight: i64 -> f32)
-                               : *[t](f32, [v]f32) =
-  map3 (\i logits target ->
-          let top = f32.maximum logits
-          let e = map (\l -> f32.exp (l - top)) logits
+-- | The cross-entropy of predicting targets from each position's logits,
+-- and its gradient with respect to the logits, softmax - one_hot, times
+-- weight(position): a row per position.  (batch.fut's batched loss too.)
+def position_dlogits [t][v] (logits: [t][v]f32) (targets: [t]i32) (weight: i64 -> f32): *[t](f32, [v]f32) =
+  map3 (\i row target ->
+          let top = f32.maximum row
+          let e = map (\l -> f32.exp (l - top)) row
           let z = f32.sum e
-          let loss = f32.log z - (logits[i64.i32 target] - top)
+          let loss = f32.log z - (row[i64.i32 target] - top)
           let w = weight i
           in (loss, map2 (\j ej -> (ej / z - f32.bool (j == i64.i32 target)) * w) (iota v) e))
-       (iota t) (linear x lm_head) targets
+       (iota t) logits targets
 
 -- | The mean loss of predicting targets from the final hidden states x,
 -- and its gradient with respect to the logits, (softmax - one_hot) / T.
 def loss_and_dlogits [t][v][c] (lm_head: [v][c]f32) (x: [t][c]f32) (targets: [t]i32)
                                : (f32, *[t][v]f32) =
   let inv_t = 1 / f32.i64 t
-  let (losses, dlogits) = unzip (position_dlogits lm_head x targets (\_ -> inv_t))
+  let (losses, dlogits) = unzip (position_dlogits (linear x lm_head) targets (\_ -> inv_t))
   in (f32.sum losses * inv_t, dlogits)
 
 -- * Backward

@@ -48,4 +48,4 @@ entry grad_vjp [rows][c][l][n][d] (s: model [l][n][d]) (w: weights [rows][c]) (s
 entry train_gpu [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                    : (weights [rows][c], [k]f32) =
   if s.batch == 1 then train_steps (one_document #gpu s) {params, m, v, step} k
-  else train_steps (batch_of_documents s) {params, m, v, step} k
+  else train_steps (batch_of_documents #gpu s) {params, m, v, step} k
