@@ -67,7 +67,9 @@ class SpeedTable:
 # 2 cores), with the kernel from before issue 28's batched step; the last
 # measured batch 32 again on the new kernel, on a quieter machine, and its
 # rows replace theirs; the fourth, futhark-multicore where it now runs one
-# thread (learn to s32 at batch 32).
+# thread (learn to s32 at batch 32); the fifth, batch 32 on the kernel of
+# 2026-12-03 (4 x 2 product tiles), on a Zen 2 machine: its rows replace
+# every earlier batch-32 row.
 SHIPPED: tuple[SpeedTable, ...] = (
     SpeedTable(
         date="2026-12-02",
@@ -169,6 +171,32 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("numpy", "s32", 27_328, 32, 1.306),
             ("futhark-c", "s32", 27_328, 32, 2.154),
             ("futhark-multicore", "s32", 27_328, 32, 2.299),
+        ),
+    ),
+    SpeedTable(
+        date="2026-12-03",
+        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.0-1.4)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,tiny,s32,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 2.553),
+            ("futhark-c", "learn", 26_816, 32, 3.689),
+            ("futhark-multicore", "learn", 26_816, 32, 3.664),
+            ("numpy", "tiny", 4_192, 32, 1.087),
+            ("futhark-c", "tiny", 4_192, 32, 1.161),
+            ("futhark-multicore", "tiny", 4_192, 32, 1.238),
+            ("numpy", "s32", 27_328, 32, 2.658),
+            ("futhark-c", "s32", 27_328, 32, 3.849),
+            ("futhark-multicore", "s32", 27_328, 32, 3.88),
+            ("numpy", "s64", 155_008, 32, 8.198),
+            ("futhark-c", "s64", 155_008, 32, 13.9),
+            ("futhark-multicore", "s64", 155_008, 32, 9.472),
+            ("numpy", "s128", 809_728, 32, 30.56),
+            ("futhark-c", "s128", 809_728, 32, 61.25),
+            ("futhark-multicore", "s128", 809_728, 32, 43.53),
+            ("numpy", "s256", 4_797_952, 32, 105.4),
+            ("futhark-c", "s256", 4_797_952, 32, 334.7),
+            ("futhark-multicore", "s256", 4_797_952, 32, 199.8),
         ),
     ),
 )
