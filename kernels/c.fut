@@ -1,9 +1,18 @@
--- | The futhark-c backend's program (`futhark c --library`): exactly the
--- entry points engine/backends/futhark_backend.py calls (its
--- ENTRY_POINTS), with the backward products run sequentially.  The same
--- library runs futhark-multicore on one thread.  multicore.fut and gpu.fut
--- are the same entry points for their targets; kernels/lib/ holds what
--- they are made of.
+-- | The futhark-c backend's program for one document a step (`futhark c
+-- --library`): exactly the entry points engine/backends/futhark_backend.py
+-- calls at B = 1 (its entry_points(1)), with the backward products run
+-- sequentially.  The same library runs futhark-multicore on one thread.
+-- c_batch.fut is the program for batches; multicore.fut, gpu.fut and
+-- their _batch programs are the same for their targets; kernels/lib/
+-- holds what they are made of.
+--
+-- B = 1 and batches are two programs, not two entry points of one, because
+-- Futhark 0.25.34 compiles one entry point's memory differently depending
+-- on the program's other entry points: its last-use analysis keeps one
+-- table of aliases for the whole program, and names of a function it read
+-- before stand in for another's.  In one program, an edit of the batched
+-- step changed the B = 1 step's code (2 x 2 tiles there made B = 1 steps
+-- 35-40% slower; kernels/README.md "Two programs per target").
 
 import "lib/model"
 import "lib/microgpt"
@@ -29,17 +38,11 @@ entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
   first_weights s params
 
 -- | k steps of one document each (B = 1: microgpt's step, no padding or
--- mask).  Its own entry point: with both steps behind a branch on the
--- batch size in one entry, sequential C ran B = 1 steps 13-26% slower
--- (tiny to s128).
+-- mask).  Not the batched step behind a branch on the batch size: in one
+-- entry point, sequential C ran B = 1 steps 13-26% slower (tiny to s128).
 entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                : (weights [rows][c], [k]f32) =
   train_steps (one_document products s) {params, m, v, step} k
-
--- | k steps of the model's batch size B > 1 documents each.
-entry train_batch [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                                     : (weights [rows][c], [k]f32) =
-  train_steps (batch_of_documents products s) {params, m, v, step} k
 
 entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m

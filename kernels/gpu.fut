@@ -1,7 +1,9 @@
--- | The futhark-cuda and futhark-opencl backends' program (`futhark cuda
--- --library`, `futhark opencl --library`): exactly the entry points
--- engine/backends/futhark_backend.py calls (its ENTRY_POINTS), with a GPU
--- thread per position and column in each backward product.
+-- | The futhark-cuda and futhark-opencl backends' program for one
+-- document a step (`futhark cuda --library`, `futhark opencl --library`):
+-- exactly the entry points engine/backends/futhark_backend.py calls at
+-- B = 1 (its entry_points(1)), with a GPU thread per position and column in
+-- each backward product.  gpu_batch.fut is the program for batches (c.fut
+-- says why the two are apart).
 
 import "lib/model"
 import "lib/microgpt"
@@ -27,17 +29,11 @@ entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
   first_weights s params
 
 -- | k steps of one document each (B = 1: microgpt's step, no padding or
--- mask).  Its own entry point: with both steps behind a branch on the
--- batch size in one entry, sequential C ran B = 1 steps 13-26% slower
--- (tiny to s128).
+-- mask).  Not the batched step behind a branch on the batch size: in one
+-- entry point, sequential C ran B = 1 steps 13-26% slower (tiny to s128).
 entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                : (weights [rows][c], [k]f32) =
   train_steps (one_document products s) {params, m, v, step} k
-
--- | k steps of the model's batch size B > 1 documents each.
-entry train_batch [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                                     : (weights [rows][c], [k]f32) =
-  train_steps (batch_of_documents products s) {params, m, v, step} k
 
 entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m

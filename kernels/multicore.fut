@@ -1,10 +1,11 @@
--- | The futhark-multicore backend's program (`futhark multicore
--- --library`): exactly the entry points engine/backends/futhark_backend.py
--- calls (its ENTRY_POINTS), for several threads (one thread runs c.fut's
--- library).  The B = 1 step's update pass is two parallel maps
--- (one_document_merged: each parallel map wakes the threads), and a
--- backward product of parallel_work multiply-adds or more is split into a
--- task per thread.
+-- | The futhark-multicore backend's program for one document a step on
+-- several threads (`futhark multicore --library`): exactly the entry
+-- points engine/backends/futhark_backend.py calls at B = 1 (its
+-- entry_points(1); one thread runs c.fut's library).  Its step's update
+-- pass is two parallel maps (one_document_merged: each parallel map wakes
+-- the threads), and a backward product of parallel_work multiply-adds or
+-- more is split into a task per thread.  multicore_batch.fut is the
+-- program for batches (c.fut says why the two are apart).
 
 import "lib/model"
 import "lib/microgpt"
@@ -36,11 +37,6 @@ entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
 entry train [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                : (weights [rows][c], [k]f32) =
   train_steps (one_document_merged (products s) s) {params, m, v, step} k
-
--- | k steps of the model's batch size B > 1 documents each.
-entry train_batch [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
-                                     : (weights [rows][c], [k]f32) =
-  train_steps (batch_of_documents (products s) s) {params, m, v, step} k
 
 entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m

@@ -144,8 +144,8 @@ def with_clang(clean_env):
 
 @pytest.fixture(scope="session")
 def futhark_cpu_builds(tmp_path_factory) -> dict:
-    """The futhark-c and futhark-multicore libraries and the tests' oracle program,
-    built once per session from the shipped C (kernels/generated/) with no Futhark
+    """The futhark-c and futhark-multicore libraries (each target's program for one
+    document a step and for batches) and the tests' oracle program, built once per session from the shipped C (kernels/generated/) with no Futhark
     compiler to be found; later
     sessions find them in the suite's build cache (conftest.py: pytest's cache
     folder, not the user's). Skips where there is no C compiler."""
@@ -154,7 +154,7 @@ def futhark_cpu_builds(tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as monkeypatch:
         hide_futhark(monkeypatch, tmp_path_factory.mktemp("no-futhark"))
         builds = {}
-        for target in ("c", "multicore", generated.ORACLE):
+        for target in ("c", "multicore", "c_batch", "multicore_batch", generated.ORACLE):
             plan = fbuild.plan(target)
             assert plan.origin.kind == "shipped", plan.origin
             builds[target] = fbuild.build(target)

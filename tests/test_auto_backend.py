@@ -184,6 +184,18 @@ def test_futhark_multicore_opens_futhark_cs_library_where_it_runs_one_thread(mon
     assert prebuild.library_target("futhark-multicore", S256.model, S256.train, 27) == "c"
 
 
+def test_a_batch_opens_its_targets_program_for_batches(monkeypatch):
+    """B > 1 runs each target's _batch program (kernels/c_batch.fut, ...), one thread
+    futhark-c's."""
+    batched = replace(S256.train, batch_size=32)
+    monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "2")
+    assert prebuild.library_target("futhark-c", S256.model, batched, 27) == "c_batch"
+    assert prebuild.library_target("futhark-multicore", S256.model, batched, 27) == "multicore_batch"
+    assert prebuild.library_target("futhark-cuda", S256.model, batched, 27) == "cuda_batch"
+    monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "1")
+    assert prebuild.library_target("futhark-multicore", S256.model, batched, 27) == "c_batch"
+
+
 @needs_cc
 def test_a_backend_not_built_yet_trains_the_fastest_built_one_meanwhile(empty_cache):
     choice = choose(TINY)

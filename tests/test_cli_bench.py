@@ -23,7 +23,7 @@ def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys
     built = []
 
     def announced_build(target):
-        start = fb.BuildEvent("start", f"futhark-{target}", "shipped", "gcc 12.2.0", "0.25.34", "about 20-40 s")
+        start = fb.BuildEvent("start", fb.build_label(target), "shipped", "gcc 12.2.0", "0.25.34", "about 20-40 s")
         fb._announce(start)
         if target == "multicore":
             fb._announce(replace(start, phase="failed", seconds=1.2))
@@ -32,13 +32,19 @@ def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys
         fb._announce(replace(start, phase="done", seconds=21.6))
 
     monkeypatch.setattr(fb, "build", announced_build)
-    cli.build_futhark_first(["numpy", "futhark-c", "futhark-multicore", "torch"])
-    assert built == ["c"]
+    monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "2")
+    # the libraries the rows will open, once each: B = 1 and batches are two programs per target
+    cli.build_futhark_first(["numpy", "futhark-c", "futhark-multicore", "torch"], ["s256", "tiny"], [1, 32], 27)
+    assert built == ["c", "c_batch", "multicore_batch"]
     assert capsys.readouterr().out.splitlines() == [
         "building futhark-c from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
         "built futhark-c in 22 s",
+        "building futhark-c (batches) from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
+        "built futhark-c (batches) in 22 s",
         "building futhark-multicore from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
-        "could not build futhark-multicore in 1 s"]
+        "could not build futhark-multicore in 1 s",
+        "building futhark-multicore (batches) from the shipped C with gcc 12.2.0 (first use, about 20-40 s)...",
+        "built futhark-multicore (batches) in 22 s"]
     fb.build("c")  # the listener is gone once the builds are done
     assert capsys.readouterr().out == ""
 

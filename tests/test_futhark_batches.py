@@ -66,7 +66,7 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
     reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend(name, MODEL, train, corpus)
     try:
         if name == MULTICORE_2_THREADS:
-            assert backend.threads() == 2 and backend.library_target() == "multicore"
+            assert backend.threads() == 2 and backend.library_target() == "multicore_batch"
         losses = backend.train(50)  # 150 or 200 documents of 14: many epochs, every batch padded
         np.testing.assert_allclose(losses, reference.train(50), rtol=0, atol=1e-4)
         got, expected = backend.get_state(), reference.get_state()
@@ -101,7 +101,7 @@ def test_fifty_batched_steps_follow_a_float64_reference(name, batch, corpus):
     backend = open_backend(name, MODEL, fifty_steps_config(batch), corpus)
     try:
         if name == MULTICORE_2_THREADS:
-            assert backend.threads() == 2 and backend.library_target() == "multicore"
+            assert backend.threads() == 2 and backend.library_target() == "multicore_batch"
         initial = backend.get_state().params
         run = float64_run(backend, 50)
         assert run.params.dtype == np.float64

@@ -35,7 +35,7 @@ from futhark_support import (CLANG, CLANG_VERSION, FUTHARK_ERROR, REPO_ROOT, cop
 # -- where the code comes from ---------------------------------------------------
 
 def test_shipped_code_needs_no_futhark(with_clang):
-    for target in ("c", "multicore"):
+    for target in ("c", "multicore", "c_batch", "multicore_batch"):
         available, reason = fb.probe(target)
         assert available, reason
         version = gen.read_manifest()["futhark"]

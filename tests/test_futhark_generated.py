@@ -29,9 +29,11 @@ def test_the_generated_folder_matches_the_kernel_sources():
     problems = gen.check()
     assert not problems, "\n".join(problems)
     manifest = gen.read_manifest()
-    assert set(manifest["generated"]) == set(gen.BUILDS) == set(gen.TARGETS) | {gen.ORACLE}
+    step_builds = {gen.step_build(t, b) for t in gen.TARGETS for b in (1, 32)}
+    assert set(manifest["generated"]) == set(gen.BUILDS) == step_builds | {gen.ORACLE}
     assert manifest["kernel_sources"] == gen.source_hashes(gen.kernel_sources())
-    assert {"lib/model.fut", "lib/train.fut", "tests/oracle.fut", "c.fut", "gpu.fut"} <= set(manifest["kernel_sources"])
+    assert {"lib/model.fut", "lib/train.fut", "tests/oracle.fut", "c.fut", "c_batch.fut", "gpu.fut",
+            "gpu_batch.fut"} <= set(manifest["kernel_sources"])
 
 
 def _entry_points(build: str) -> set[str]:
@@ -41,18 +43,21 @@ def _entry_points(build: str) -> set[str]:
 
 
 @pytest.mark.parametrize("target", gen.TARGETS)
-def test_each_backends_program_exports_exactly_what_the_backend_calls(target):
-    """The backend's single list of the entry points it calls is each target's whole
-    library: nothing compiled for nobody (the vjp oracle, another target's step)."""
-    manifest = json.loads((gen.generated_dir() / target / "microgpt.json").read_text(encoding="utf-8"))
-    assert manifest["backend"] == gen.PROGRAMS[target].target
-    assert _entry_points(target) == set(fbk.ENTRY_POINTS)
+@pytest.mark.parametrize("batch", [1, 32])
+def test_each_backends_program_exports_exactly_what_the_backend_calls(target, batch):
+    """What the backend calls at a batch size is the whole library of that batch
+    size's program: nothing compiled for nobody (the vjp oracle, another target's
+    step, the other batch size's step)."""
+    build = gen.step_build(target, batch)
+    manifest = json.loads((gen.generated_dir() / build / "microgpt.json").read_text(encoding="utf-8"))
+    assert manifest["backend"] == gen.futhark_target(build) == target
+    assert _entry_points(build) == set(fbk.entry_points(batch))
 
 
 def test_the_oracle_is_a_test_program_for_c_alone():
     assert gen.PROGRAMS[gen.ORACLE] == gen.Program("tests/oracle.fut", "c")
     assert "grad_vjp" in _entry_points(gen.ORACLE)
-    assert all("grad_vjp" not in _entry_points(target) for target in gen.TARGETS)
+    assert all("grad_vjp" not in _entry_points(build) for build in gen.BUILDS if build != gen.ORACLE)
 
 
 def test_the_backend_calls_only_its_listed_entry_points():
@@ -73,9 +78,14 @@ def test_the_backend_calls_only_its_listed_entry_points():
 
 
 def test_the_backend_refuses_an_entry_point_it_does_not_list():
+    from engine.config import TrainConfig
+
     backend = object.__new__(fbk.FutharkCBackend)
+    backend.train_config = TrainConfig()
     with pytest.raises(ValueError, match="grad_vjp"):
         backend._call("grad_vjp")
+    with pytest.raises(ValueError, match="train_batch"):  # the batches' program has it, B = 1's not
+        backend._call("train_batch")
 
 
 def test_an_edited_kernel_is_stale_and_names_the_regenerate_command(tmp_path):

@@ -1,6 +1,7 @@
 """The Futhark backends: kernels/c.fut compiled to sequential C,
 kernels/multicore.fut to multicore C, kernels/gpu.fut to CUDA or OpenCL,
-driven through futhark-ffi. Each program exports exactly ENTRY_POINTS.
+driven through futhark-ffi; batches (B > 1) run each target's _batch
+program (c_batch.fut, ...). Each program exports exactly entry_points(B).
 
 Two opaque values live in the Futhark context between calls: the model
 (dimensions, Adam's settings and the corpus, uploaded once) and the
@@ -42,11 +43,12 @@ def sample_batch(model: ModelConfig, num_samples: int) -> int:
     return max(1, min(num_samples, MAX_SAMPLE_BATCH, SAMPLE_CACHE_BYTES // per_sample))
 
 
-# The entry points this module calls, in every backend's program: each
-# program of kernels/ exports exactly these (a test holds the generated
-# manifests to this list), and _call refuses any other name.
-ENTRY_POINTS = ("new_model", "new_weights", "initial_weights", "train", "train_batch",
-                "get_params", "get_m", "get_v", "get_step", "doc_losses", "sample")
+# The entry points this module calls: every program of kernels/ exports the
+# shared ones and its batch size's training step (entry_points; a test holds
+# the generated manifests to it), and _call refuses any other name.
+SHARED_ENTRY_POINTS = ("new_model", "new_weights", "initial_weights",
+                       "get_params", "get_m", "get_v", "get_step", "doc_losses", "sample")
+ENTRY_POINTS = SHARED_ENTRY_POINTS + ("train", "train_batch")  # all programs' together
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -74,11 +76,16 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
 
 def train_entry(batch_size: int) -> str:
     """The kernel's training entry point for this batch size: B = 1 has its own
-    (microgpt's step, unpadded), which a branch on B inside one entry slowed.
-    (futhark-multicore's `train` runs its update pass as two parallel maps,
-    kernels/multicore.fut; how each program runs its products is fixed when it
-    is compiled.)"""
+    (microgpt's step, unpadded), which a branch on B inside one entry slowed,
+    in a program of its own (futhark_build.step_build). (futhark-multicore's
+    `train` runs its update pass as two parallel maps, kernels/multicore.fut;
+    how each program runs its products is fixed when it is compiled.)"""
     return "train" if batch_size == 1 else "train_batch"
+
+
+def entry_points(batch_size: int) -> tuple[str, ...]:
+    """Exactly the entry points of the program that trains batch_size documents a step."""
+    return SHARED_ENTRY_POINTS + (train_entry(batch_size),)
 
 
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
@@ -119,14 +126,16 @@ class FutharkBackend(Backend):
         return None
 
     def library_target(self) -> str:
-        """Which compiled library runs this backend's steps."""
-        return self.target
+        """Which compiled library (a build of futhark_build.BUILDS) runs this backend's
+        steps: its target's program for one document a step, or for batches."""
+        return futhark_build.step_build(self.target, self.train_config.batch_size)
 
     # futhark-ffi reports a failed entry point or sync as ValueError with the
     # context's message; nothing was replaced yet when that happens.
     def _call(self, entry: str, *args):
-        if entry not in ENTRY_POINTS:
-            raise ValueError(f"{entry!r} is not one of the Futhark programs' entry points {ENTRY_POINTS}")
+        entries = entry_points(self.train_config.batch_size)
+        if entry not in entries:
+            raise ValueError(f"{entry!r} is not one of the Futhark program's entry points {entries}")
         try:
             return getattr(self._fut, entry)(*args)
         except ValueError as exc:
@@ -222,11 +231,12 @@ def open_context(target: str, num_threads: int | None = None):
 
     libdir = futhark_build.build(target)
     module = futhark_build.import_library(libdir, target)
-    if num_threads is not None and target == "multicore":  # the only runtime with threads
+    runtime = futhark_build.futhark_target(target)
+    if num_threads is not None and runtime == "multicore":  # the only runtime with threads
         module = SimpleNamespace(lib=_ThreadCountLib(module.lib, num_threads), ffi=module.ffi)
     options = {}
     cache_file = str(libdir / "kernels.cache")
-    if target in ("cuda", "opencl") and cache_file.isascii():
+    if runtime in ("cuda", "opencl") and cache_file.isascii():
         options["cache_file_path"] = cache_file  # skips the GPU kernels' compile on later runs
     try:
         return Futhark(module, **options)
@@ -277,7 +287,7 @@ class FutharkMulticoreBackend(FutharkBackend):
         # One thread runs the sequential C build: the same kernel, without the
         # multicore runtime's per-region task, scratch memory and clock reads,
         # which made a one-thread multicore step 15-45% slower than futhark-c's.
-        return "multicore" if self.threads() > 1 else "c"
+        return futhark_build.step_build("multicore" if self.threads() > 1 else "c", self.train_config.batch_size)
 
 
 class FutharkCudaBackend(FutharkBackend):

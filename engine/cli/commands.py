@@ -21,9 +21,12 @@ import numpy as np
 from ..bench import measure as bench
 from ..bench import to_loss as bench_loss
 from ..bench import report as bench_report
+from ..bench import timing as bench_timing
 from ..backends import BackendError, TrainingDiverged, open_backend, probe_backend
+from ..backends import prebuild
 from ..backends import speeds as backend_speeds
 from ..backends.choice import AUTO, resolve_auto
+from ..config import get_preset
 from ..data.split import resolve_holdout
 from .args import EXIT_ERROR, EXIT_USAGE, build_parser, window_parser
 from .checks import BENCH_FLAGS, DEMO_FLAGS, check_output_file, demo_configs, with_flags
@@ -309,17 +312,26 @@ def record_speeds(results, command: list[str]) -> None:
         print(f"recorded {count} measurement{'s' if count != 1 else ''} in {backend_speeds.records_path()} "
               f"(--backend {AUTO} chooses by them)")
 
-def build_futhark_first(backends: list[str]) -> None:
-    """Build the Futhark libraries here, announced, before the rows' processes need them
+def build_futhark_first(backends: list[str], presets: list[str], batches: list[int] | None,
+                        vocab_size: int) -> None:
+    """Build the Futhark libraries the rows will open (prebuild.library_target: per batch
+    size and thread count) here, announced, before the rows' processes need them
     (a row's start-up is not timed, but it would be silent for tens of seconds)."""
+    needed = []
     for name in backends:
-        target = name.removeprefix("futhark-")
-        if name.startswith("futhark-") and target in futhark_build.TARGETS:
-            try:
-                with builds_announced():
-                    futhark_build.build(target)
-            except BackendError:
-                pass  # its row says why
+        for preset_name in presets:
+            preset = get_preset(preset_name)
+            for size in batches or [preset.train.batch_size]:
+                config = bench_timing.with_batch(preset, size)
+                target = prebuild.library_target(name, config.model, config.train, vocab_size)
+                if target is not None and target not in needed:
+                    needed.append(target)
+    for target in needed:
+        try:
+            with builds_announced():
+                futhark_build.build(target)
+        except BackendError:
+            pass  # its row says why
 
 
 def run_benchmark(args, argv: list[str]) -> int:
@@ -339,14 +351,15 @@ def run_benchmark(args, argv: list[str]) -> int:
     corpus_path = args.data
     if corpus_path is None:
         corpus_path = default_dataset_path()
-    load_corpus(corpus_path)  # a bad file fails here, once, with its own message
-    build_futhark_first([name for name, (available, _) in status.items() if available])
-    info = bench_report.machine_info(with_torch=bench.TORCH in backends)
-    print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
-          f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
+    corpus = load_corpus(corpus_path)  # a bad file fails here, once, with its own message
     budget = bench.Budget(args.steps, args.seconds, args.warmup, args.sample_names)
     goal = None
     presets = args.presets or (["learn"] if args.to_loss is not None else ["tiny", "s128", "gpt2-small"])
+    build_futhark_first([name for name, (available, _) in status.items() if available], presets, args.batch,
+                        corpus.vocab_size)
+    info = bench_report.machine_info(with_torch=bench.TORCH in backends)
+    print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
+          f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     if args.to_loss is not None:
         goal = bench_loss.ToLoss(args.to_loss, args.time_limit or bench_loss.DEFAULT_TIME_LIMIT_S, args.run_steps)
         print(bench_report.to_loss_legend(goal.target, goal.time_limit))

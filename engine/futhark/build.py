@@ -29,7 +29,8 @@ from ..data.corpus import user_cache_dir
 from ..errors import BackendError
 from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
 from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13
-from .generated import (BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, TARGETS, generate,
+from .generated import (BATCHED, BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, TARGETS,
+                        futhark_target, generate, step_build,
                         generated_dir, kernel_sources, shipped_digest, shipped_problem, shipped_version,
                         source_hashes)
 from .lock import FileLock
@@ -37,11 +38,10 @@ from .tools import (Compiler, CompilerNotFound, cuda_toolkit_root, device_proble
                     find_compiler, first_error_lines, run_logged)
 
 BUILD_FORMAT = 4  # bump when the build steps change: old cache entries are then ignored
-DESCRIPTIONS = {
-    "c": "sequential C",
-    "multicore": "multicore C",
-    "cuda": "CUDA",
-    "opencl": "OpenCL",
+_TARGET_DESCRIPTIONS = {"c": "sequential C", "multicore": "multicore C", "cuda": "CUDA", "opencl": "OpenCL"}
+DESCRIPTIONS = {  # by build
+    **_TARGET_DESCRIPTIONS,
+    **{f"{t}{BATCHED}": f"{what} for batches" for t, what in _TARGET_DESCRIPTIONS.items()},
     ORACLE: "the tests' vjp oracle in sequential C",
 }
 # How long a first build takes, measured (issue 20: 21-34 s for futhark-c, clang 14
@@ -125,7 +125,7 @@ def cache_root() -> Path:
 
 def _cuda_paths(target: str, env: dict[str, str]) -> dict[str, str]:
     """CUDA's headers and libraries for the cuda and opencl builds, where the toolkit is."""
-    root = cuda_toolkit_root(env) if target in ("cuda", "opencl") else None
+    root = cuda_toolkit_root(env) if futhark_target(target) in ("cuda", "opencl") else None
     if root is not None:
         libs = next((d for d in (root / "lib64", root / "lib") if d.is_dir()), root / "lib64")
         env["CPPFLAGS"] = f"{env.get('CPPFLAGS', '')} -I{root / 'include'}".strip()
@@ -139,7 +139,7 @@ def plan(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -
         raise ValueError(f"unknown Futhark build {target!r}; choose from {', '.join(BUILDS)}")
     problem = ffi_problem()
     cc = None if problem else find_c_compiler()
-    problem = problem or (None if cc else NO_C_COMPILER) or device_problem(target)
+    problem = problem or (None if cc else NO_C_COMPILER) or device_problem(futhark_target(target))
     if problem:
         raise BackendError(problem)
     origin = choose_origin(target, kernel_dir)
@@ -233,12 +233,18 @@ def _announce(event: BuildEvent) -> None:
         listener(event)
 
 
+def build_label(target: str) -> str:
+    """A build as people read it: "futhark-c", "futhark-c (batches)"."""
+    batched = target.endswith(BATCHED)
+    return f"futhark-{target.removesuffix(BATCHED)}" + (" (batches)" if batched else "")
+
+
 def build(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -> Path:
     """The directory of the compiled library for target, building it if needed."""
     this = plan(target, kernel_dir, root)
     if is_complete(this.libdir):
         return this.libdir
-    event = BuildEvent("start", f"futhark-{target}", this.origin.kind, this.cc.name, this.origin.futhark,
+    event = BuildEvent("start", build_label(target), this.origin.kind, this.cc.name, this.origin.futhark,
                        BUILD_ESTIMATES[this.origin.kind])
     _announce(event)
     start = time.monotonic()
@@ -293,7 +299,7 @@ def _compile(this: Plan) -> None:
                     shutil.copyfile(generated_dir(this.kernel_dir) / target / name, work / name)
                 out.write(f"copied the shipped {target} code ({', '.join(GENERATED_FILES)}) from "
                           f"{generated_dir(this.kernel_dir) / target}\n\n")
-            if target == "cuda":
+            if futhark_target(target) == "cuda":
                 generated = work / f"{KERNEL}.c"
                 text, patched = patch_cuda13(generated.read_text(encoding="utf-8"))
                 if patched:
@@ -302,7 +308,7 @@ def _compile(this: Plan) -> None:
             status, output = run_logged([sys.executable, "-c", _FFI_BUILD, KERNEL, module_name(target), "."],
                                         out, work, this.env)
             if status != 0 or _extension(work, target) is None:
-                if target == "cuda" and cuda13_incompatible(output):
+                if futhark_target(target) == "cuda" and cuda13_incompatible(output):
                     raise BackendError(
                         f"the CUDA code of Futhark {origin.futhark} does not compile against this "
                         f"CUDA 13 toolkit (cuCtxCreate gained an argument); upgrade Futhark to "

@@ -1,10 +1,13 @@
 """The generated C shipped in kernels/generated/, and the check that keeps it
 in step with the kernel sources.
 
-Each build compiles one program of kernels/ (PROGRAMS): the backends' c.fut,
-multicore.fut and gpu.fut (for cuda and opencl), each exporting exactly the
-entry points its backend calls, and the tests' oracle, tests/oracle.fut,
-for c alone. kernels/generated/<build>/ holds exactly what
+Each build compiles one program of kernels/ (PROGRAMS): per backend target a
+program for one document a step (c.fut, multicore.fut, gpu.fut for cuda and
+opencl) and one for batches (c_batch.fut, ...: build `<target>_batch`), each
+exporting exactly the entry points its backend calls at that batch size, and
+the tests' oracle, tests/oracle.fut, for c alone. (Two programs per target:
+Futhark 0.25.34 compiled the one-document step differently whenever the
+batched step beside it changed; kernels/README.md.) kernels/generated/<build>/ holds exactly what
 `futhark <target> --library -o microgpt <program>` writes (microgpt.c, .h,
 .json); kernels/generated/manifest.json records the Futhark version that
 wrote them, the SHA-256 of every kernel source they came from
@@ -41,16 +44,25 @@ class Program:
     target: str  # `futhark <target> --library`
 
 
-TARGETS = ("c", "multicore", "cuda", "opencl")  # the backends' builds, named by their Futhark target
+TARGETS = ("c", "multicore", "cuda", "opencl")  # the backends' Futhark targets; each has two builds
+BATCHED = "_batch"  # the suffix of a target's build for batches: "c_batch"
 ORACLE = "oracle"  # the tests' build: grad_vjp and the GPU step in sequential C
+_SOURCES = {"c": "c", "multicore": "multicore", "cuda": "gpu", "opencl": "gpu"}  # target -> program name
 PROGRAMS = {
-    "c": Program("c.fut", "c"),
-    "multicore": Program("multicore.fut", "multicore"),
-    "cuda": Program("gpu.fut", "cuda"),
-    "opencl": Program("gpu.fut", "opencl"),
+    **{f"{t}{suffix}": Program(f"{_SOURCES[t]}{suffix}.fut", t) for suffix in ("", BATCHED) for t in TARGETS},
     ORACLE: Program("tests/oracle.fut", "c"),
 }
 BUILDS = tuple(PROGRAMS)
+
+
+def step_build(target: str, batch_size: int) -> str:
+    """The build whose program trains `batch_size` documents a step on a backend target."""
+    return target if batch_size == 1 else f"{target}{BATCHED}"
+
+
+def futhark_target(build: str) -> str:
+    """The Futhark backend a build compiles for ("c_batch" -> "c")."""
+    return PROGRAMS[build].target
 GENERATED_FILES = tuple(f"{KERNEL}.{ext}" for ext in ("c", "h", "json"))
 MANIFEST = "manifest.json"
 REGENERATE_COMMAND = "python -m engine.futhark --regenerate"

@@ -53,39 +53,32 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 -- * Products over the step's positions
 
 -- | x @ w.T for x (N, I) and a weight w (O, I) stored as (out, in): each
--- 4 x 2 tile of the result is 8 dot products over I computed together,
--- four rows of x against two rows of w, so each loaded value serves two
--- or four products.  Its 8 vector accumulators and 6 loaded vectors fit
--- the 16 vector registers of AVX2; a 4 x 4 tile (16 accumulators, as
--- until 2026-12-03) spilled them and ran 1.6-1.9 times slower on a Zen 2
--- core (futhark bench of both at the step's shapes, (256, 64) by
--- (192, 64) to (256, 256) by (1024, 256); a plain dot product per element
--- loads two values per FMA).  Rows past N or O repeat the last row and
--- are dropped.  The map over tiles of rows is the multicore backend's
--- parallel work.
+-- 2 x 2 tile of the result is 4 dot products over I computed together,
+-- two rows of x against two rows of w, so each loaded value serves two
+-- products (a plain dot product per element loads two values per FMA).
+-- Larger tiles load less per product but end in more cross-lane sums
+-- and tile picks; at the step's shapes (I from 64 to 1024) 2 x 2 ran
+-- 6-12% faster a batched step than 4 x 2 (futhark-c learn and s64,
+-- B = 32), and 4 x 4 (16 vector sums, more than AVX2's 16 registers hold
+-- beside the loads) 1.6-1.9 times slower than 4 x 2.  Rows past N or O
+-- repeat the last row and are dropped.  The map over tiles of rows is the
+-- multicore backend's parallel work.
 #[inline]
 def rows_linear [n][i][o] (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
   let xr a = #[unsafe] x[i64.min (n - 1) a]
   let wr b = #[unsafe] w[i64.min (o - 1) b]
-  let add (a0, a1, a2, a3, a4, a5, a6, a7) (b0, b1, b2, b3, b4, b5, b6, b7) =
-    (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7)
-  let zero = (0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32, 0f32)
+  let add (a0, a1, a2, a3) (b0, b1, b2, b3) = (a0 + b0, a1 + b1, a2 + b2, a3 + b3)
   let tile a b =
-    let (x0, x1, x2, x3) = (xr (4 * a), xr (4 * a + 1), xr (4 * a + 2), xr (4 * a + 3))
+    let (x0, x1) = (xr (2 * a), xr (2 * a + 1))
     let (w0, w1) = (wr (2 * b), wr (2 * b + 1))
-    let products k = #[unsafe]
-                     let (p0, p1, p2, p3) = (x0[k], x1[k], x2[k], x3[k])
-                     let (q0, q1) = (w0[k], w1[k])
-                     in (p0 * q0, p0 * q1, p1 * q0, p1 * q1, p2 * q0, p2 * q1, p3 * q0, p3 * q1)
-    in #[sequential] reduce_comm add zero (map products (iota i))
-  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 3) / 4))
+    let products k = #[unsafe] (x0[k] * w0[k], x0[k] * w1[k], x1[k] * w0[k], x1[k] * w1[k])
+    in #[sequential] reduce_comm add (0, 0, 0, 0) (map products (iota i))
+  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 1) / 2))
   -- (shifts and masks: / and % on i64 were division calls, ~4% of a step)
   let pick r c = #[unsafe]
-                 let (a0, a1, a2, a3, a4, a5, a6, a7) = tiles[r >> 2, c >> 1]
-                 let row2 (e0, e1) = if (c & 1) == 0 then e0 else e1
-                 let k = r & 3
-                 in if k == 0 then row2 (a0, a1) else if k == 1 then row2 (a2, a3)
-                    else if k == 2 then row2 (a4, a5) else row2 (a6, a7)
+                 let (a0, a1, a2, a3) = tiles[r >> 1, c >> 1]
+                 let (e0, e1) = if (r & 1) == 0 then (a0, a1) else (a2, a3)
+                 in if (c & 1) == 0 then e0 else e1
   in tabulate_2d n o pick
 
 -- | x as a fresh row-major (M, N) array, 8 of its rows at a time: each

@@ -1,6 +1,6 @@
 -- | What the programs' entry points are made of (kernels/c.fut,
--- multicore.fut, gpu.fut and tests/oracle.fut: each exports exactly what
--- its backend calls): the model and weights the host holds, the training
+-- multicore.fut, gpu.fut, their _batch programs and tests/oracle.fut: each
+-- exports exactly what its backend calls at its batch size): the model and weights the host holds, the training
 -- steps and their loop, the held-out losses and the sampler's call.
 --
 -- model.fut is the network, train.fut one training step with its

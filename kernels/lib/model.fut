@@ -14,7 +14,7 @@
 -- No size is a compile-time constant: one compiled library serves every
 -- size.  (Size expressions in types need Futhark 0.25.)  Only the
 -- products' strategy (`products`) is fixed per program: kernels/c.fut,
--- multicore.fut and gpu.fut each pass their own.
+-- multicore.fut, gpu.fut and their _batch programs each pass their own.
 
 -- * Building blocks
 
