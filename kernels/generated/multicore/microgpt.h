@@ -128,7 +128,6 @@ int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_m
 int futhark_entry_new_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
 int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_1d *in2, const int64_t in3, const double in4, const uint64_t in5, const int64_t in6, const int64_t in7);
 int futhark_entry_train(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
-int futhark_entry_train_batch(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 
 // Miscellaneous
 int futhark_context_sync(struct futhark_context *ctx);
