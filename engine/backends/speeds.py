@@ -199,6 +199,28 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "s256", 4_797_952, 32, 199.8),
         ),
     ),
+    # The batched step as its own program per target, 2 x 2 product tiles
+    # (2026-12-03, afternoon): its rows replace the morning's at these presets.
+    SpeedTable(
+        date="2026-12-03",
+        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.2-1.4)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 2.813),
+            ("futhark-c", "learn", 26_816, 32, 3.666),
+            ("futhark-multicore", "learn", 26_816, 32, 3.648),
+            ("numpy", "s64", 155_008, 32, 8.878),
+            ("futhark-c", "s64", 155_008, 32, 13.99),
+            ("futhark-multicore", "s64", 155_008, 32, 8.995),
+            ("numpy", "s128", 809_728, 32, 32.41),
+            ("futhark-c", "s128", 809_728, 32, 64.74),
+            ("futhark-multicore", "s128", 809_728, 32, 35.11),
+            ("numpy", "s256", 4_797_952, 32, 105.7),
+            ("futhark-c", "s256", 4_797_952, 32, 370.4),
+            ("futhark-multicore", "s256", 4_797_952, 32, 194.8),
+        ),
+    ),
 )
 
 
