@@ -225,7 +225,8 @@ def _compile_object(target: str, includes: list[Path], tmp_path: Path) -> None:
     assert (tmp_path / f"{target}.o").stat().st_size > 0
 
 
-def test_shipped_cuda_code_compiles_against_the_cuda_headers(tmp_path):
+@pytest.mark.parametrize("build", ["cuda", "cuda_batch"])
+def test_shipped_cuda_code_compiles_against_the_cuda_headers(build, tmp_path):
     root = ft.cuda_toolkit_root()
     if root is None:
         pytest.skip("no CUDA toolkit headers (cuda.h) here: CUDA_HOME, nvcc on PATH or /usr/local/cuda")
@@ -233,15 +234,16 @@ def test_shipped_cuda_code_compiles_against_the_cuda_headers(tmp_path):
     if not (root / "include" / "nvrtc.h").is_file():
         (tmp_path / "nvrtc.h").write_text(NVRTC_H)
         includes.append(tmp_path)
-    _compile_object("cuda", includes, tmp_path)
+    _compile_object(build, includes, tmp_path)
 
 
-def test_shipped_opencl_code_compiles_against_the_opencl_headers(tmp_path):
+@pytest.mark.parametrize("build", ["opencl", "opencl_batch"])
+def test_shipped_opencl_code_compiles_against_the_opencl_headers(build, tmp_path):
     roots = [root / "include"] if (root := ft.cuda_toolkit_root()) else []
     found = [d for d in ft._include_dirs(os.environ, roots) if (d / "CL" / "cl.h").is_file()]
     if not found:
         pytest.skip("no OpenCL headers (CL/cl.h) here: apt install opencl-headers")
-    _compile_object("opencl", found[:1], tmp_path)
+    _compile_object(build, found[:1], tmp_path)
 
 
 # -- with a real Futhark compiler ----------------------------------------------------
