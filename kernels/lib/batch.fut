@@ -58,8 +58,8 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 -- products (a plain dot product per element loads two values per FMA).
 -- Larger tiles load less per product but end in more cross-lane sums
 -- and tile picks; at the step's shapes (I from 64 to 1024) 2 x 2 ran
--- 6-12% faster a batched step than 4 x 2 (futhark-c learn and s64,
--- B = 32), and 4 x 4 (16 vector sums, more than AVX2's 16 registers hold
+-- B = 32 steps 3-23% faster than 4 x 2 (futhark-c and futhark-multicore,
+-- learn to s256), and 4 x 4 (16 vector sums, more than AVX2's 16 registers hold
 -- beside the loads) 1.6-1.9 times slower than 4 x 2.  Rows past N or O
 -- repeat the last row and are dropped.  The map over tiles of rows is the
 -- multicore backend's parallel work.
