@@ -68,6 +68,20 @@ def test_each_compiler_gets_its_flags(clean_env, monkeypatch):
     assert "-march=native" not in cc.optimisation_flags(CLANG, {})
 
 
+def test_only_the_batched_programs_are_compiled_for_register_tiles(clean_env, monkeypatch):
+    """clang's loop interleaving changes the order of vectorised sums: the one-document
+    programs must keep theirs (bit for bit), the batched ones run their tiles uninterleaved."""
+    gcc = cc.CCompiler("gcc", "/usr/bin/gcc", "gcc", GCC_VERSION)
+    tile_flags = cc.CLANG_TILE_CFLAGS.split()
+    tiled, plain = cc.optimisation_flags(CLANG, {}, tiled=True), cc.optimisation_flags(CLANG, {})
+    assert tiled[:len(plain) - 1] == plain[:-1] and tiled[len(plain) - 1:-1] == tile_flags
+    assert cc.optimisation_flags(gcc, {}, tiled=True) == cc.optimisation_flags(gcc, {})  # a clang option
+    monkeypatch.delenv("LDSHARED", raising=False)
+    assert " ".join(tile_flags) in cc.build_environment(CLANG, tiled=True)["CFLAGS"]
+    assert " ".join(tile_flags) not in cc.build_environment(CLANG)["CFLAGS"]
+    assert [b for b in gen.BUILDS if gen.is_batched(b)] == [f"{t}{gen.BATCHED}" for t in gen.TARGETS]
+
+
 def test_no_flag_lets_the_compiler_assume_finite_math():
     """Under -ffinite-math-only the compiler may drop isnan/isinf, and the divergence check with them."""
     for flags in (cc.CLANG_CFLAGS, cc.GCC_CFLAGS, cc.OTHER_CFLAGS):

@@ -30,7 +30,7 @@ from ..errors import BackendError
 from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
 from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13
 from .generated import (BATCHED, BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, TARGETS,
-                        futhark_target, generate, step_build,
+                        futhark_target, generate, is_batched, step_build,
                         generated_dir, kernel_sources, shipped_digest, shipped_problem, shipped_version,
                         source_hashes)
 from .lock import FileLock
@@ -143,7 +143,7 @@ def plan(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -
     if problem:
         raise BackendError(problem)
     origin = choose_origin(target, kernel_dir)
-    env = _cuda_paths(target, build_environment(cc))
+    env = _cuda_paths(target, build_environment(cc, tiled=is_batched(target)))
     parts = key_parts(target, origin, cc, env)
     libdir = (root or cache_root()) / f"{KERNEL}-{target}-{cache_key(parts)}"
     return Plan(target, origin, cc, env, parts, libdir, kernel_dir)
@@ -235,7 +235,7 @@ def _announce(event: BuildEvent) -> None:
 
 def build_label(target: str) -> str:
     """A build as people read it: "futhark-c", "futhark-c (batches)"."""
-    batched = target.endswith(BATCHED)
+    batched = is_batched(target)
     return f"futhark-{target.removesuffix(BATCHED)}" + (" (batches)" if batched else "")
 
 

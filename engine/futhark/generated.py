@@ -60,6 +60,11 @@ def step_build(target: str, batch_size: int) -> str:
     return target if batch_size == 1 else f"{target}{BATCHED}"
 
 
+def is_batched(build: str) -> bool:
+    """Whether a build's program trains batches of B > 1 documents ("c_batch")."""
+    return build.endswith(BATCHED)
+
+
 def futhark_target(build: str) -> str:
     """The Futhark backend a build compiles for ("c_batch" -> "c")."""
     return PROGRAMS[build].target

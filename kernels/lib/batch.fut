@@ -52,32 +52,49 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 
 -- * Products over the step's positions
 
--- | x @ w.T for x (N, I) and a weight w (O, I) stored as (out, in): each
--- 2 x 2 tile of the result is 4 dot products over I computed together,
--- two rows of x against two rows of w, so each loaded value serves two
--- products (a plain dot product per element loads two values per FMA).
--- Larger tiles load less per product but end in more cross-lane sums
--- and tile picks; at the step's shapes (I from 64 to 1024) 2 x 2 ran
--- B = 32 steps 3-23% faster than 4 x 2 (futhark-c and futhark-multicore,
--- learn to s256), and 4 x 4 (16 vector sums, more than AVX2's 16 registers hold
--- beside the loads) 1.6-1.9 times slower than 4 x 2.  Rows past N or O
--- repeat the last row and are dropped.  The map over tiles of rows is the
--- multicore backend's parallel work.
+-- | x @ w.T for x (N, I) and a weight w (O, I) stored as (out, in), by
+-- 4 x 2 tiles of the result: each reads 4 rows of x and 2 of w, so each
+-- loaded value serves 2 or 4 products (a plain dot product per element
+-- loads two values per FMA), and its 8 dot products over I run in one
+-- loop as 8 independent chains of FMAs, enough to keep both of a core's
+-- FMA units busy through their latency (the 2 x 2 tiles before had 4
+-- chains, each waiting on itself: 0.8 FMA a cycle).  The batched programs
+-- are compiled so that clang runs that loop once per vector of k, not
+-- interleaved (engine/futhark/cc.py CLANG_TILE_CFLAGS): clang's own choice,
+-- 4 times, keeps 32 sums, more than AVX2's 16 registers hold.  Rows
+-- shorter than 128 end too soon to repay the 8 sums' cross-lane
+-- additions, and there a tile is two 2 x 2 loops (`futhark bench` at the
+-- step's shapes: 4 x 2 took 0.6-0.8 of 2 x 2's time from I = 128 to 1024;
+-- 4 x 3 with 2 x 2 miscompiled, docs/performance.md 2026-12-03 evening).
+-- Rows past N or O repeat the last row and are dropped.  The map over
+-- tiles of rows is the multicore backend's parallel work.
 #[inline]
 def rows_linear [n][i][o] (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
   let xr a = #[unsafe] x[i64.min (n - 1) a]
   let wr b = #[unsafe] w[i64.min (o - 1) b]
-  let add (a0, a1, a2, a3) (b0, b1, b2, b3) = (a0 + b0, a1 + b1, a2 + b2, a3 + b3)
-  let tile a b =
-    let (x0, x1) = (xr (2 * a), xr (2 * a + 1))
-    let (w0, w1) = (wr (2 * b), wr (2 * b + 1))
+  let add4 (a0, a1, a2, a3) (b0, b1, b2, b3) = (a0 + b0, a1 + b1, a2 + b2, a3 + b3)
+  let add8 (a0, a1, a2, a3, a4, a5, a6, a7) (b0, b1, b2, b3, b4, b5, b6, b7) =
+    (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7)
+  let tile_2x2 (x0: [i]f32) (x1: [i]f32) (w0: [i]f32) (w1: [i]f32) =
     let products k = #[unsafe] (x0[k] * w0[k], x0[k] * w1[k], x1[k] * w0[k], x1[k] * w1[k])
-    in #[sequential] reduce_comm add (0, 0, 0, 0) (map products (iota i))
-  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 1) / 2))
+    in #[sequential] reduce_comm add4 (0, 0, 0, 0) (map products (iota i))
+  let tile a b =
+    let (x0, x1, x2, x3) = (xr (4 * a), xr (4 * a + 1), xr (4 * a + 2), xr (4 * a + 3))
+    let (w0, w1) = (wr (2 * b), wr (2 * b + 1))
+    in if i < 128
+       then let (a0, a1, a2, a3) = tile_2x2 x0 x1 w0 w1
+            let (a4, a5, a6, a7) = tile_2x2 x2 x3 w0 w1
+            in (a0, a1, a2, a3, a4, a5, a6, a7)
+       else let products k = #[unsafe] (x0[k] * w0[k], x0[k] * w1[k], x1[k] * w0[k], x1[k] * w1[k],
+                                         x2[k] * w0[k], x2[k] * w1[k], x3[k] * w0[k], x3[k] * w1[k])
+            in #[sequential] reduce_comm add8 (0, 0, 0, 0, 0, 0, 0, 0) (map products (iota i))
+  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 3) / 4))
   -- (shifts and masks: / and % on i64 were division calls, ~4% of a step)
   let pick r c = #[unsafe]
-                 let (a0, a1, a2, a3) = tiles[r >> 1, c >> 1]
-                 let (e0, e1) = if (r & 1) == 0 then (a0, a1) else (a2, a3)
+                 let (a0, a1, a2, a3, a4, a5, a6, a7) = tiles[r >> 2, c >> 1]
+                 let q = r & 3
+                 let (e0, e1) = if q == 0 then (a0, a1) else if q == 1 then (a2, a3)
+                                else if q == 2 then (a4, a5) else (a6, a7)
                  in if (c & 1) == 0 then e0 else e1
   in tabulate_2d n o pick
 
