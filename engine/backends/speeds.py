@@ -221,6 +221,28 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "s256", 4_797_952, 32, 194.8),
         ),
     ),
+    # The batched step's products by 4 x 2 tiles, compiled uninterleaved
+    # (2026-12-03, evening): its rows replace the afternoon's.
+    SpeedTable(
+        date="2026-12-03",
+        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.2-1.5)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 2.827),
+            ("futhark-c", "learn", 26_816, 32, 3.129),
+            ("futhark-multicore", "learn", 26_816, 32, 3.124),
+            ("numpy", "s64", 155_008, 32, 8.483),
+            ("futhark-c", "s64", 155_008, 32, 11.5),
+            ("futhark-multicore", "s64", 155_008, 32, 7.131),
+            ("numpy", "s128", 809_728, 32, 33.45),
+            ("futhark-c", "s128", 809_728, 32, 51.4),
+            ("futhark-multicore", "s128", 809_728, 32, 26.97),
+            ("numpy", "s256", 4_797_952, 32, 111.8),
+            ("futhark-c", "s256", 4_797_952, 32, 285.4),
+            ("futhark-multicore", "s256", 4_797_952, 32, 145.3),
+        ),
+    ),
 )
 
 
