@@ -44,6 +44,30 @@ def test_shipped_code_needs_no_futhark(with_clang):
         assert fb.plan(target).origin.kind == "shipped"
 
 
+def test_the_backend_line_says_which_of_its_two_builds_is_built(with_clang, monkeypatch):
+    """A Futhark backend opens one build at B = 1 and another for batches: its line in the
+    backend list says "built" only when both are, and otherwise which one still compiles."""
+    complete: set[str] = set()
+    monkeypatch.setattr(fb, "is_complete", lambda libdir: libdir.name.split("-")[1] in complete)
+    for target in ("c", "multicore"):
+        batches = gen.step_build(target, 32)
+        complete.clear()
+        assert fb.probe_backend(target) == fb.probe(target)  # neither: both compile on first use
+        assert fb.probe(target)[1].endswith("; compiles C on first use (about 20-40 s)")
+        complete.add(target)
+        available, reason = fb.probe_backend(target)
+        assert available and reason.endswith("; built (batches: compiles C on first use, about 20-40 s)")
+        complete.add(batches)
+        assert fb.probe_backend(target) == fb.probe(target) and fb.probe(target)[1].endswith("; built")
+        complete.discard(target)
+        available, reason = fb.probe_backend(target)
+        assert available and reason.endswith("; built for batches (one document a step: compiles C on "
+                                             "first use, about 20-40 s)")
+    # the backend list asks the pair
+    from engine.backends import probe_backend
+    assert probe_backend("futhark-c") == fb.probe_backend("c")
+
+
 def test_edited_sources_without_futhark_are_unavailable(with_clang, tmp_path):
     kernels = copy_kernels(tmp_path / "kernels")
     edit_kernel(kernels)

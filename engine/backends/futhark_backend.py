@@ -300,7 +300,7 @@ class FutharkOpenCLBackend(FutharkBackend):
 
 def _registration(cls: type[FutharkBackend]):
     def probe() -> tuple[bool, str]:
-        return futhark_build.probe(cls.target)
+        return futhark_build.probe_backend(cls.target)
 
     def opener(model, train, corpus, params):
         return cls(model, train, corpus, params)

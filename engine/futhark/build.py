@@ -163,12 +163,35 @@ def describe(build: Plan, built: bool) -> str:
 
 
 def probe(target: str, kernel_dir: Path = KERNEL_DIR) -> tuple[bool, str]:
-    """(available, reason): what a person sees in the backend list."""
+    """(available, reason) of one build."""
     try:
         build = plan(target, kernel_dir)
     except BackendError as exc:
         return False, str(exc)
     return True, describe(build, is_complete(build.libdir))
+
+
+def probe_backend(target: str, kernel_dir: Path = KERNEL_DIR) -> tuple[bool, str]:
+    """(available, reason): what a person sees in the backend list for a backend's
+    Futhark target, whose runs open one of two builds (one document a step, or
+    batches): "built" only where both are, else which one still compiles."""
+    available, reason = probe(target, kernel_dir)
+    if not available:
+        return available, reason
+    single = plan(target, kernel_dir)
+    try:
+        batches = plan(step_build(target, 2), kernel_dir)
+    except BackendError as exc:  # e.g. its shipped C edited: runs at B = 1 still work
+        return True, f"{reason} (batches cannot run: {exc})"
+    built = is_complete(single.libdir), is_complete(batches.libdir)
+    if built[0] == built[1]:
+        return True, reason
+    estimate = BUILD_ESTIMATES[batches.origin.kind]
+    compiles = "compiles C on first use" if batches.origin.kind == "shipped" else "compiles on first use"
+    head = reason.rpartition("; ")[0]
+    if built[0]:
+        return True, f"{head}; built (batches: {compiles}, {estimate})"
+    return True, f"{head}; built for batches (one document a step: {compiles}, {estimate})"
 
 
 # -- the cache -----------------------------------------------------------------
