@@ -97,6 +97,11 @@ def test_an_edited_generated_file_needs_futhark_too(with_clang, tmp_path):
     available, reason = fb.probe("c", kernels)
     assert not available and "changed after it was generated" in reason
     assert fb.probe("multicore", kernels)[0]
+    # the batches' build alone edited: the backend still runs one document a step, and says so
+    source = kernels / "generated" / "multicore_batch" / "microgpt.c"
+    source.write_bytes(source.read_bytes().replace(b"isnan", b"isnan ", 1))
+    available, reason = fb.probe_backend("multicore", kernels)
+    assert available and "batches cannot run" in reason and "changed after it was generated" in reason
 
 
 # -- the cache key ---------------------------------------------------------------

@@ -175,10 +175,11 @@ def probe_backend(target: str, kernel_dir: Path = KERNEL_DIR) -> tuple[bool, str
     """(available, reason): what a person sees in the backend list for a backend's
     Futhark target, whose runs open one of two builds (one document a step, or
     batches): "built" only where both are, else which one still compiles."""
-    available, reason = probe(target, kernel_dir)
-    if not available:
-        return available, reason
-    single = plan(target, kernel_dir)
+    try:
+        single = plan(target, kernel_dir)
+    except BackendError as exc:
+        return False, str(exc)
+    reason = describe(single, is_complete(single.libdir))
     try:
         batches = plan(step_build(target, 2), kernel_dir)
     except BackendError as exc:  # e.g. its shipped C edited: runs at B = 1 still work

@@ -35,7 +35,7 @@ GCC_CFLAGS = ("-O3 -march=native -fno-math-errno -fassociative-math -fno-signed-
 # The batched programs' products (kernels/lib/batch.fut rows_linear) are tiles of 8
 # dot products: clang 14 interleaved that vector loop 4 times (32 accumulators, spilled
 # to the stack) and 2 x 2 tiles not at all (4 FMA chains, each waiting on the last:
-# 0.8 FMA a cycle); 8 chains run once keep both FMA units busy, 1.2-1.7x faster
+# 0.8 FMA a cycle); 8 chains run once keep both FMA units busy, 1.3-1.7x faster
 # products (`futhark bench`, s256's shapes). Only for those programs: it changes the
 # order of the one-document programs' vectorised sums, which must stay bit for bit.
 CLANG_TILE_CFLAGS = "-mllvm -force-vector-interleave=1"
