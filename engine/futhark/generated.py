@@ -68,6 +68,8 @@ def is_batched(build: str) -> bool:
 def futhark_target(build: str) -> str:
     """The Futhark backend a build compiles for ("c_batch" -> "c")."""
     return PROGRAMS[build].target
+
+
 GENERATED_FILES = tuple(f"{KERNEL}.{ext}" for ext in ("c", "h", "json"))
 MANIFEST = "manifest.json"
 REGENERATE_COMMAND = "python -m engine.futhark --regenerate"
