@@ -3,6 +3,9 @@
 -- --library`): exactly the entry points engine/backends/futhark_backend.py
 -- calls at B > 1 (its entry_points(B)).  gpu.fut is the program for one
 -- document a step (c.fut says why the two are apart).
+-- Held-out losses and sampling are not in it: at B > 1 the backend runs
+-- them in the program for one document a step, on its own copy of the
+-- weights, so that each target compiles them once.
 
 import "lib/model"
 import "lib/microgpt"
@@ -36,12 +39,3 @@ entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.par
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m
 entry get_v [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.v
 entry get_step [rows][c] (w: weights [rows][c]): i64 = w.step
-
-entry doc_losses [rows][c][l][n][d][h][t1] (s: model [l][n][d]) (w: weights [rows][c]) (tokens: [h][t1]i32)
-                                           (lengths: [h]i64): ([h]f32, [h]i64) =
-  held_out_losses s w tokens lengths
-
-entry sample [rows][c][l][n][d][np] (s: model [l][n][d]) (w: weights [rows][c]) (prefix: [np]i32)
-                                    (num_samples: i64) (temperature: f64) (seed: u64) (first: i64)
-                                    (max_length: i64): [num_samples][]i32 =
-  sample_names s w prefix num_samples temperature seed first max_length

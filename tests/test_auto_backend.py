@@ -175,25 +175,44 @@ def test_bench_records_its_rows_for_the_automatic_choice(tmp_path, monkeypatch, 
 
 def test_futhark_multicore_opens_futhark_cs_library_where_it_runs_one_thread(monkeypatch):
     monkeypatch.delenv("MICROGPT_FUTHARK_THREADS", raising=False)
-    assert prebuild.library_target("numpy", TINY.model, TINY.train, 27) is None
-    assert prebuild.library_target("futhark-c", S256.model, S256.train, 27) == "c"
-    assert prebuild.library_target("futhark-multicore", TINY.model, TINY.train, 27) == "c"
+    assert prebuild.library_targets("numpy", TINY.model, TINY.train, 27) == ()
+    assert prebuild.library_targets("futhark-c", S256.model, S256.train, 27) == ("c",)
+    assert prebuild.library_targets("futhark-multicore", TINY.model, TINY.train, 27) == ("c",)
     monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "2")
-    assert prebuild.library_target("futhark-multicore", TINY.model, TINY.train, 27) == "multicore"
+    assert prebuild.library_targets("futhark-multicore", TINY.model, TINY.train, 27) == ("multicore",)
     monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "1")
-    assert prebuild.library_target("futhark-multicore", S256.model, S256.train, 27) == "c"
+    assert prebuild.library_targets("futhark-multicore", S256.model, S256.train, 27) == ("c",)
+    monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "two")  # opening it says why
+    assert prebuild.library_targets("futhark-multicore", S256.model, S256.train, 27) == ()
 
 
-def test_a_batch_opens_its_targets_program_for_batches(monkeypatch):
-    """B > 1 runs each target's _batch program (kernels/c_batch.fut, ...), one thread
-    futhark-c's."""
+def test_a_batch_opens_its_targets_program_for_batches_and_the_one_for_evaluation(monkeypatch):
+    """B > 1 trains in each target's _batch program (kernels/c_batch.fut, ...), one
+    thread futhark-c's, and runs held-out losses and sampling in the same target's
+    program for one document a step: both are built before it opens."""
     batched = replace(S256.train, batch_size=32)
     monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "2")
-    assert prebuild.library_target("futhark-c", S256.model, batched, 27) == "c_batch"
-    assert prebuild.library_target("futhark-multicore", S256.model, batched, 27) == "multicore_batch"
-    assert prebuild.library_target("futhark-cuda", S256.model, batched, 27) == "cuda_batch"
+    assert prebuild.library_targets("futhark-c", S256.model, batched, 27) == ("c_batch", "c")
+    assert prebuild.library_targets("futhark-multicore", S256.model, batched, 27) == ("multicore_batch", "multicore")
+    assert prebuild.library_targets("futhark-cuda", S256.model, batched, 27) == ("cuda_batch", "cuda")
     monkeypatch.setenv("MICROGPT_FUTHARK_THREADS", "1")
-    assert prebuild.library_target("futhark-multicore", S256.model, batched, 27) == "c_batch"
+    assert prebuild.library_targets("futhark-multicore", S256.model, batched, 27) == ("c_batch", "c")
+
+
+def test_a_backend_is_built_when_all_its_libraries_are(monkeypatch):
+    batched = replace(S256.train, batch_size=32)
+    built = set()
+    monkeypatch.setattr(fbuild, "is_complete", lambda libdir: libdir.name.split("-")[1] in built)
+    assert prebuild.unbuilt_targets("futhark-c", S256.model, batched, 27) == ("c_batch", "c")
+    built.add("c")
+    assert prebuild.unbuilt_targets("futhark-c", S256.model, batched, 27) == ("c_batch",)
+    assert not prebuild.is_built("futhark-c", S256.model, batched, 27)
+    assert prebuild.is_built("futhark-c", S256.model, S256.train, 27)  # B = 1 opens c alone
+    built.add("c_batch")
+    assert prebuild.is_built("futhark-c", S256.model, batched, 27)
+    assert prebuild.is_built("numpy", S256.model, batched, 27)
+    one = prebuild.build_estimate("c")
+    assert prebuild.build_estimate("c_batch", "c") == f"2 libraries, {one} each"
 
 
 @needs_cc
@@ -240,6 +259,39 @@ def test_a_failed_background_build_is_remembered_and_its_backend_left_out(with_c
     assert choice.backend == "numpy" and choice.built
     assert choice.reason.endswith(f"; futhark-c left out: its last build failed: {outcome.message}")
     assert prebuild.start_build("numpy", TINY.model, TINY.train, 27) is None
+
+
+def test_a_batchs_background_build_builds_both_libraries_and_stops_at_a_failure(with_clang, clean_env):
+    """B > 1 needs the _batch program and the one for one document a step: the child
+    builds them in turn and stops at the first that fails, which is remembered; the
+    other is left for the next try."""
+    from futhark_support import CLANG_VERSION, stand_in_cc
+
+    stand_in_cc(clean_env / "empty-bin", "clang", CLANG_VERSION, "echo 'error: no room' >&2\nexit 1\n")
+    batched = replace(TINY.train, batch_size=8)
+    build = prebuild.start_build("futhark-c", TINY.model, batched, 27)
+    assert build.targets == ("c_batch", "c")
+    assert build.status_text().startswith("building futhark-c in the background (first use, 2 libraries, about")
+    outcome = build.wait(120)
+    assert (outcome.phase, outcome.targets) == (prebuild.BuildPhase.FAILED, ("c_batch", "c"))
+    assert "could not build the Futhark c_batch library" in outcome.message and "error: no room" in outcome.message
+    assert prebuild.last_failure("c_batch") == outcome.message
+    assert prebuild.last_failure("c") == ""  # not tried
+    assert prebuild.unbuilt_targets("futhark-c", TINY.model, batched, 27) == ("c_batch", "c")
+    choice = choose(TINY, available=["numpy", "futhark-c"], batch=8)
+    assert choice.backend == "numpy"
+    assert choice.reason.endswith(f"; futhark-c left out: its last build failed: {outcome.message}")
+
+
+def test_a_background_build_of_several_libraries_is_done_when_each_is(futhark_cpu_builds):
+    """Libraries already built (the suite's cache): the child finds each and says so."""
+    build = prebuild.BackgroundBuild("futhark-c", ("c_batch", "c"))
+    outcome = build.wait(120)
+    assert (outcome.phase, outcome.targets) == (prebuild.BuildPhase.DONE, ("c_batch", "c"))
+    assert outcome.message.startswith("built futhark-c in ")
+    for target in ("c_batch", "c"):
+        recorded = json.loads(prebuild.outcome_path(prebuild.library_dir(target)).read_text(encoding="utf-8"))
+        assert recorded["ok"] and recorded["target"] == target
 
 
 # the command line ----------------------------------------------------------------

@@ -88,12 +88,30 @@ def test_multicore_threads_by_work_per_step():
 def test_train_entry_by_batch():
     """B = 1 runs each target's program for one document a step and its `train`
     (multicore.fut's is its form for several threads); batches the _batch program
-    and its train_batch; each program lists its own step alone."""
+    and its train_batch; each program lists its own step alone, and only B = 1's
+    the evaluation (held-out losses, sampling), which batches run there."""
     assert fbk.train_entry(1) == "train"
     assert fbk.train_entry(2) == fbk.train_entry(32) == "train_batch"
-    assert fbk.entry_points(1) == fbk.SHARED_ENTRY_POINTS + ("train",)
-    assert fbk.entry_points(32) == fbk.SHARED_ENTRY_POINTS + ("train_batch",)
+    assert fbk.entry_points(1) == fbk.SHARED_ENTRY_POINTS + fbk.EVALUATION_ENTRY_POINTS + ("train",)
+    assert fbk.entry_points(32) == fbk.SHARED_ENTRY_POINTS + ("train_batch",)  # evaluation: in B = 1's
     assert set(fbk.entry_points(1)) | set(fbk.entry_points(2)) == set(fbk.ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("cls, copies", [(fbk.FutharkCBackend, "4 more copies"),
+                                         (fbk.FutharkCudaBackend, "1 more copy")])
+def test_the_memory_check_counts_a_batched_runs_copy_of_the_weights(cls, copies, monkeypatch, corpus):
+    """At B > 1 held-out losses and sampling run on a copy of the weights in the
+    program for one document a step: its parameters and zero moments (host memory
+    on a CPU target, the GPU's on a GPU target) and the host copy they come
+    through. The check refuses before anything is built or allocated."""
+    from engine.backends import base
+
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1)
+    evaluation = "for held-out losses and sampling"
+    for batch, counted in ((8, True), (1, False)):
+        with pytest.raises(BackendError) as info:
+            cls(ModelConfig(), TrainConfig(num_steps=2, batch_size=batch), corpus)
+        assert (f"{copies} {evaluation}" in str(info.value)) is counted, str(info.value)
 
 
 @pytest.mark.futhark

@@ -21,7 +21,7 @@ from engine import Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backe
 from engine.backends import probe_backend
 from engine.model.gpt import Weights, loss_and_grad
 import float64_reference
-from futhark_support import MULTICORE_2_THREADS, Oracle, backend_steps
+from futhark_support import MULTICORE_2_THREADS, Oracle, backend_steps, reference_samples
 
 pytestmark = pytest.mark.futhark
 
@@ -169,6 +169,39 @@ def test_a_batched_run_resumes_mid_epoch_across_backends(corpus, tmp_path):
     last = load_checkpoint(ck, backend="numpy")
     np.testing.assert_allclose(last.train(9), expected[11:], rtol=0, atol=1e-4)
     np.testing.assert_allclose(last.get_state().params, uninterrupted.get_state().params, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_batches_evaluate_in_the_program_for_one_document_on_the_weights_of_now(name, corpus):
+    """The batches' programs have no held-out losses or sampling: a batched run
+    runs them in its target's program for one document a step, on a copy of the
+    training parameters that follows each change of them (training, set_state).
+    Each time, the held-out loss equals NumPy's at the same parameters and the
+    samples the reference sampler's."""
+    available(name)
+    train = fifty_steps_config(4)
+    backend, numpy = open_backend(name, MODEL, train, corpus), open_backend("numpy", MODEL, train, corpus)
+    try:
+        assert backend.library_targets() == (backend.library_target(), backend.evaluation_target())
+        assert backend.library_target() == backend.evaluation_target() + "_batch"
+
+        def evaluated() -> float:
+            state = backend.get_state()
+            numpy.set_state(state)
+            loss = backend.heldout_loss()
+            assert loss == pytest.approx(numpy.heldout_loss(), abs=1e-5)
+            samples = backend._sample_ids(20, 0.8, 3, [], None, max_length=MODEL.block_size)
+            assert samples == reference_samples(state.params, backend.specs, MODEL, corpus.bos, 20, 0.8, 3)
+            return loss
+
+        start = backend.get_state()
+        initial = evaluated()
+        backend.train(30)
+        assert abs(evaluated() - initial) > 0.1  # the trained parameters, not the first copy's (14 documents: overfit)
+        backend.set_state(start)
+        assert evaluated() == initial
+    finally:
+        backend.close()
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -86,6 +86,10 @@ def test_the_backend_refuses_an_entry_point_it_does_not_list():
         backend._call("grad_vjp")
     with pytest.raises(ValueError, match="train_batch"):  # the batches' program has it, B = 1's not
         backend._call("train_batch")
+    backend.train_config = TrainConfig(batch_size=32)
+    for entry in ("train", "sample", "doc_losses"):  # the batches' program has none of them
+        with pytest.raises(ValueError, match=entry):
+            backend._call(entry)
 
 
 def test_an_edited_kernel_is_stale_and_names_the_regenerate_command(tmp_path):

@@ -132,9 +132,10 @@ def choose_backend(model: ModelConfig, train: TrainConfig, available=None, *, vo
     names = _names(available)
     failed = {}
     for name in names:
-        target = prebuild.library_target(name, model, train, vocab_size)
-        if target is not None and (why := prebuild.last_failure(target)):
-            failed[name] = why
+        for target in prebuild.library_targets(name, model, train, vocab_size):
+            if why := prebuild.last_failure(target):
+                failed[name] = why
+                break
     names = [n for n in names if n not in failed]
     if not names:
         raise ValueError("no backend can run here" + "".join(f"; {n}: {why}" for n, why in failed.items()))
@@ -164,8 +165,8 @@ def choose_backend(model: ModelConfig, train: TrainConfig, available=None, *, vo
     if not built:
         ready = [n for n in order + names if prebuild.is_built(n, model, train, vocab_size)]
         now = ready[0] if ready else DEFAULT_BACKEND
-        target = prebuild.library_target(backend, model, train, vocab_size)
-        estimate = prebuild.build_estimate(target) if target else ""
+        targets = prebuild.unbuilt_targets(backend, model, train, vocab_size)
+        estimate = prebuild.build_estimate(*targets) if targets else ""
     return Choice(backend, reason, built, now, estimate, tuple(order))
 
 

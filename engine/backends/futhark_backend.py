@@ -2,6 +2,10 @@
 kernels/multicore.fut to multicore C, kernels/gpu.fut to CUDA or OpenCL,
 driven through futhark-ffi; batches (B > 1) run each target's _batch
 program (c_batch.fut, ...). Each program exports exactly entry_points(B).
+The batches' programs have no held-out losses or sampling: at B > 1 those
+run in a second context over the target's program for one document a step,
+on a copy of the training parameters (copied once after each change of
+them), so that each target compiles them once (kernels/README.md).
 
 Two opaque values live in the Futhark context between calls: the model
 (dimensions, Adam's settings and the corpus, uploaded once) and the
@@ -44,11 +48,12 @@ def sample_batch(model: ModelConfig, num_samples: int) -> int:
 
 
 # The entry points this module calls: every program of kernels/ exports the
-# shared ones and its batch size's training step (entry_points; a test holds
-# the generated manifests to it), and _call refuses any other name.
-SHARED_ENTRY_POINTS = ("new_model", "new_weights", "initial_weights",
-                       "get_params", "get_m", "get_v", "get_step", "doc_losses", "sample")
-ENTRY_POINTS = SHARED_ENTRY_POINTS + ("train", "train_batch")  # all programs' together
+# shared ones and its batch size's training step, the programs for one
+# document a step the evaluation's too (entry_points; a test holds the
+# generated manifests to it), and _call refuses any other name.
+SHARED_ENTRY_POINTS = ("new_model", "new_weights", "initial_weights", "get_params", "get_m", "get_v", "get_step")
+EVALUATION_ENTRY_POINTS = ("doc_losses", "sample")  # held-out losses and sampling
+ENTRY_POINTS = SHARED_ENTRY_POINTS + EVALUATION_ENTRY_POINTS + ("train", "train_batch")  # all programs' together
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -84,8 +89,10 @@ def train_entry(batch_size: int) -> str:
 
 
 def entry_points(batch_size: int) -> tuple[str, ...]:
-    """Exactly the entry points of the program that trains batch_size documents a step."""
-    return SHARED_ENTRY_POINTS + (train_entry(batch_size),)
+    """Exactly the entry points of the program that trains batch_size documents a step
+    (B = 1's program also runs the evaluation at every batch size)."""
+    evaluation = EVALUATION_ENTRY_POINTS if batch_size == 1 else ()
+    return SHARED_ENTRY_POINTS + evaluation + (train_entry(batch_size),)
 
 
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
@@ -115,35 +122,58 @@ class FutharkBackend(Backend):
     target = "c"  # Futhark's compiler backend
 
     def _setup(self, params: np.ndarray) -> None:
+        arguments = model_arguments(self.model, self.train_config, self.corpus, self.specs,
+                                    self.threads() or 1, self.split.n_train)
         self._fut = open_context(self.library_target(), self.threads())
-        self._model = self._call("new_model", *model_arguments(
-            self.model, self.train_config, self.corpus, self.specs, self.threads() or 1, self.split.n_train))
+        self._model = self._call("new_model", *arguments)
         self._lost = ""  # why the weights are gone (a failed train call consumed them)
         self._weights = self._call("initial_weights", self._model, np.ascontiguousarray(params, np.float32))
+        # B > 1: the program for one document a step, for held-out losses and
+        # sampling, and its copy of the weights (None: not made since they changed)
+        self._eval_fut = self._eval_model = self._eval_weights = None
+        if self.train_config.batch_size > 1:
+            self._eval_fut = open_context(self.evaluation_target(), self.threads())
+            self._eval_model = self._call("new_model", *arguments, fut=self._eval_fut)
 
     def threads(self) -> int | None:
         """The multicore runtime's thread count; None: Futhark's default."""
         return None
 
+    def runtime_target(self) -> str:
+        """The Futhark target whose programs run this backend (futhark-multicore's on
+        one thread: c)."""
+        return self.target
+
     def library_target(self) -> str:
         """Which compiled library (a build of futhark_build.BUILDS) runs this backend's
         steps: its target's program for one document a step, or for batches."""
-        return futhark_build.step_build(self.target, self.train_config.batch_size)
+        return futhark_build.step_build(self.runtime_target(), self.train_config.batch_size)
+
+    def evaluation_target(self) -> str:
+        """Which library runs held-out losses and sampling: the program for one
+        document a step, at every batch size."""
+        return futhark_build.step_build(self.runtime_target(), 1)
+
+    def library_targets(self) -> tuple[str, ...]:
+        """Every library this backend opens: the training one first."""
+        return tuple(dict.fromkeys((self.library_target(), self.evaluation_target())))
 
     # futhark-ffi reports a failed entry point or sync as ValueError with the
     # context's message; nothing was replaced yet when that happens.
-    def _call(self, entry: str, *args):
-        entries = entry_points(self.train_config.batch_size)
+    def _call(self, entry: str, *args, fut=None):
+        """entry of the training program, or given `fut` (_evaluated's context), of the
+        program for one document a step open there."""
+        entries = entry_points(self.train_config.batch_size if fut is None else 1)
         if entry not in entries:
             raise ValueError(f"{entry!r} is not one of the Futhark program's entry points {entries}")
         try:
-            return getattr(self._fut, entry)(*args)
+            return getattr(self._fut if fut is None else fut, entry)(*args)
         except ValueError as exc:
             raise BackendError(f"Futhark ({self.target}) {entry} failed: {str(exc).strip()}") from None
 
-    def _values(self, *values):
+    def _values(self, *values, fut=None):
         try:
-            return self._fut.from_futhark(*values)
+            return (self._fut if fut is None else fut).from_futhark(*values)
         except ValueError as exc:
             raise BackendError(f"Futhark ({self.target}) failed: {str(exc).strip()}") from None
 
@@ -152,8 +182,30 @@ class FutharkBackend(Backend):
             raise BackendError(f"Futhark ({self.target}) has no weights: {self._lost}")
         return self._weights
 
+    def memory_needs(self) -> list[tuple[str, int]]:
+        needs = super().memory_needs()
+        if self.train_config.batch_size > 1:  # the evaluation's weights: host memory on a CPU target
+            copies = 4 if futhark_build.futhark_target(self.evaluation_target()) in ("c", "multicore") else 1
+            needs.append((f"{copies} more cop{'ies' if copies > 1 else 'y'} for held-out losses and sampling "
+                          "(batches: in the program for one document a step)", copies * self.num_params * 4))
+        return needs
+
+    def _evaluated(self):
+        """The context, model and weights that doc_losses and sample read: the
+        training ones at B = 1; at B > 1 the evaluation program's, its weights the
+        training parameters (Adam's moments zero: it never trains), copied on
+        first use after they changed."""
+        weights = self._current_weights()
+        if self._eval_fut is None:
+            return self._fut, self._model, weights
+        if self._eval_weights is None:
+            params = self._values(self._call("get_params", weights))
+            self._eval_weights = self._call("initial_weights", self._eval_model, params, fut=self._eval_fut)
+        return self._eval_fut, self._eval_model, self._eval_weights
+
     def _train_steps(self, k: int) -> np.ndarray:
         weights, self._weights = self._current_weights(), None  # consumed by the call, whatever happens
+        self._eval_weights = None
         self._lost = f"a failed train call at step {self.step} used them up (load a checkpoint or reset to go on)"
         try:
             weights, losses = self._call(train_entry(self.train_config.batch_size),
@@ -177,16 +229,18 @@ class FutharkBackend(Backend):
             if cancel is not None and cancel():
                 raise Cancelled("sampling was cancelled")
             count = min(batch, num_samples - first)
-            rows = self._values(self._call("sample", self._model, self._current_weights(), start, count,
-                                           temperature, seed % 2**64, first, max_length))
+            fut, model, weights = self._evaluated()
+            rows = self._values(self._call("sample", model, weights, start, count,
+                                           temperature, seed % 2**64, first, max_length, fut=fut), fut=fut)
             samples += sample_rows_to_ids(rows, self.corpus.bos)
         return samples
 
     def _doc_losses(self, batch) -> np.ndarray:
-        sums, _ = self._call("doc_losses", self._model, self._current_weights(),
+        fut, model, weights = self._evaluated()
+        sums, _ = self._call("doc_losses", model, weights,
                              np.ascontiguousarray(batch.tokens, dtype=np.int32),
-                             np.ascontiguousarray(batch.lengths, dtype=np.int64))
-        return self._values(sums)
+                             np.ascontiguousarray(batch.lengths, dtype=np.int64), fut=fut)
+        return self._values(sums, fut=fut)
 
     def _get_state(self) -> TrainState:
         weights = self._current_weights()
@@ -195,13 +249,14 @@ class FutharkBackend(Backend):
 
     def _set_state(self, state: TrainState) -> None:
         self._weights = self._call("new_weights", self._model, state.params, state.m, state.v, int(state.step))
+        self._eval_weights = None
         self._lost = ""
 
     def close(self) -> None:
         # Values hold a reference to their context, so dropping both frees them in order.
-        self._model = self._weights = None
+        self._model = self._weights = self._eval_model = self._eval_weights = None
         self._lost = "the backend was closed"
-        self._fut = None
+        self._fut = self._eval_fut = None
 
 
 class _ThreadCountLib:
@@ -283,11 +338,11 @@ class FutharkMulticoreBackend(FutharkBackend):
     def threads(self) -> int:
         return multicore_threads(self.num_params, usable_cores(), batch=self.train_config.batch_size)
 
-    def library_target(self) -> str:
+    def runtime_target(self) -> str:
         # One thread runs the sequential C build: the same kernel, without the
         # multicore runtime's per-region task, scratch memory and clock reads,
         # which made a one-thread multicore step 15-45% slower than futhark-c's.
-        return futhark_build.step_build("multicore" if self.threads() > 1 else "c", self.train_config.batch_size)
+        return "multicore" if self.threads() > 1 else "c"
 
 
 class FutharkCudaBackend(FutharkBackend):

@@ -1,9 +1,9 @@
-"""Building a Futhark backend's library ahead of its first use, in a child
+"""Building a Futhark backend's libraries ahead of their first use, in a child
 process, while something else trains: the automatic choice (engine.backends.choice)
 never makes a person wait tens of seconds for a build.
 
-The child (`python -m engine.backends.prebuild TARGET`) runs
-engine.futhark.build.build, which builds under a file lock into a temporary
+The child (`python -m engine.backends.prebuild TARGET...`) runs
+engine.futhark.build.build for each, which builds under a file lock into a temporary
 folder renamed into place when complete: a second process building or
 opening the same library waits for it instead of corrupting the cache. The
 child lives as long as the build: it outlives a parent that exits first (the
@@ -46,20 +46,22 @@ def futhark_class(backend: str):
     return None
 
 
-def library_target(backend: str, model: ModelConfig, train: TrainConfig, vocab_size: int) -> str | None:
-    """The Futhark target whose library `backend` would open for this model and batch
-    size (futhark-multicore opens futhark-c's on one thread), asked of the backend class
-    itself without opening anything; None for a backend that builds nothing, and
-    where the backend cannot say (a bad MICROGPT_FUTHARK_THREADS: opening it says so)."""
+def library_targets(backend: str, model: ModelConfig, train: TrainConfig, vocab_size: int) -> tuple[str, ...]:
+    """The Futhark builds whose libraries `backend` would open for this model and batch
+    size, the training one first (futhark-multicore opens futhark-c's on one thread;
+    batches also open the program for one document a step, for held-out losses and
+    sampling), asked of the backend class itself without opening anything; none for
+    a backend that builds nothing, and where the backend cannot say (a bad
+    MICROGPT_FUTHARK_THREADS: opening it says so)."""
     cls = futhark_class(backend)
     if cls is None:
-        return None
-    unopened = object.__new__(cls)  # library_target reads only these two attributes
+        return ()
+    unopened = object.__new__(cls)  # library_targets reads only these two attributes
     unopened.num_params, unopened.train_config = model.num_params(vocab_size), train
     try:
-        return unopened.library_target()
+        return unopened.library_targets()
     except BackendError:
-        return None
+        return ()
 
 
 def library_dir(target: str) -> Path | None:
@@ -70,21 +72,31 @@ def library_dir(target: str) -> Path | None:
         return None
 
 
+def unbuilt_targets(backend: str, model: ModelConfig, train: TrainConfig, vocab_size: int) -> tuple[str, ...]:
+    """The builds `backend` would open for this model that are not built yet (also
+    those that cannot be built here: opening it says why)."""
+    return tuple(t for t in library_targets(backend, model, train, vocab_size)
+                 if (libdir := library_dir(t)) is None or not futhark_build.is_complete(libdir))
+
+
 def is_built(backend: str, model: ModelConfig, train: TrainConfig, vocab_size: int) -> bool:
     """Whether opening `backend` now needs no build first (a NumPy or CuPy backend: always)."""
-    target = library_target(backend, model, train, vocab_size)
-    if target is None:
-        return True
-    libdir = library_dir(target)
-    return libdir is not None and futhark_build.is_complete(libdir)
+    return not unbuilt_targets(backend, model, train, vocab_size)
 
 
-def build_estimate(target: str) -> str:
-    """"about 20-40 s": how long a first build of target usually takes."""
-    try:
-        return futhark_build.BUILD_ESTIMATES[futhark_build.plan(target).origin.kind]
-    except BackendError:
-        return futhark_build.BUILD_ESTIMATES["shipped"]
+def build_estimate(*targets: str) -> str:
+    """"about 20-40 s": how long a first build of target usually takes; of several,
+    "2 libraries, about 20-40 s each"."""
+    def one(target: str) -> str:
+        try:
+            return futhark_build.BUILD_ESTIMATES[futhark_build.plan(target).origin.kind]
+        except BackendError:
+            return futhark_build.BUILD_ESTIMATES["shipped"]
+
+    estimates = list(dict.fromkeys(one(t) for t in targets))
+    if len(targets) == 1:
+        return estimates[0]
+    return f"{len(targets)} libraries, " + (f"{estimates[0]} each" if len(estimates) == 1 else " and ".join(estimates))
 
 
 def outcome_path(libdir: Path) -> Path:
@@ -119,26 +131,28 @@ class BuildPhase(enum.Enum):
 @dataclass(frozen=True)
 class BuildOutcome:
     backend: str
-    target: str
+    targets: tuple[str, ...]
     phase: BuildPhase  # DONE, FAILED or CANCELLED
     message: str       # "built futhark-c in 34 s", or why it failed
     seconds: float
 
 
 class BackgroundBuild:
-    """One backend's library being built by a child process, started at once.
+    """One backend's libraries being built by a child process, started at once, one
+    after the other (a batch's training library, then the one for held-out losses
+    and sampling).
 
     poll() is None while it runs, then the BuildOutcome; wait(timeout) blocks
     for it; on_done(outcome), if given, is called once from a watcher thread
     (a window hands it to its own thread). cancel() ends the child and its
-    compiler; otherwise the child runs to the end of the build, even after this
+    compiler; otherwise the child runs to the end of the builds, even after this
     process exits.
     """
 
-    def __init__(self, backend: str, target: str, on_done: Callable[[BuildOutcome], None] | None = None):
-        self.backend, self.target = backend, target
-        self.libdir = library_dir(target)
-        self.estimate = build_estimate(target)
+    def __init__(self, backend: str, targets: tuple[str, ...], on_done: Callable[[BuildOutcome], None] | None = None):
+        self.backend, self.targets = backend, tuple(targets)
+        self.libdir = library_dir(self.targets[0])  # where the child's own log goes
+        self.estimate = build_estimate(*self.targets)
         self.started = time.monotonic()
         self._outcome: BuildOutcome | None = None
         self._lock = threading.Lock()
@@ -146,14 +160,15 @@ class BackgroundBuild:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w", encoding="utf-8") as out:  # the child keeps its own handle
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.backends.prebuild", target], stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", "engine.backends.prebuild", *self.targets], stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=os.name == "posix")
         if on_done is not None:
-            threading.Thread(target=lambda: on_done(self.wait()), name=f"prebuild-{target}", daemon=True).start()
+            threading.Thread(target=lambda: on_done(self.wait()), name=f"prebuild-{backend}", daemon=True).start()
 
     @property
     def log(self) -> Path | None:
-        """The build's log (the compiler's output), where a person looks when it fails."""
+        """The first build's log (the compiler's output), where a person looks when it
+        fails (a failed later build's message names its own)."""
         return None if self.libdir is None else futhark_build.log_path(self.libdir)
 
     def status_text(self) -> str:
@@ -200,30 +215,31 @@ class BackgroundBuild:
         seconds = time.monotonic() - self.started
         code = self._proc.returncode
         if code == EXIT_CANCELLED or code < 0:
-            return BuildOutcome(self.backend, self.target, BuildPhase.CANCELLED,
+            return BuildOutcome(self.backend, self.targets, BuildPhase.CANCELLED,
                                 f"the build of {self.backend} was cancelled", seconds)
-        try:
-            outcome = json.loads(outcome_path(self.libdir).read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError):
-            outcome = {"ok": False, "message": f"the background build of {self.backend} ended with exit status "
-                                               f"{code}; see {child_log_path(self.libdir) if self.libdir else 'its log'}"}
-        ok = code == 0 and outcome.get("ok", False)
-        message = f"built {self.backend} in {seconds:.0f} s" if ok else str(outcome.get("message"))
-        return BuildOutcome(self.backend, self.target, BuildPhase.DONE if ok else BuildPhase.FAILED, message, seconds)
+        failure = ""
+        for target in self.targets:  # the child stops at the first that fails
+            libdir = library_dir(target)
+            try:
+                outcome = json.loads(outcome_path(libdir).read_text(encoding="utf-8"))
+            except (OSError, ValueError, TypeError):
+                outcome = {"ok": False, "message": f"the background build of {self.backend} ended with exit "
+                                                   f"status {code}; see {child_log_path(self.libdir) if self.libdir else 'its log'}"}
+            if not outcome.get("ok", False):
+                failure = str(outcome.get("message"))
+                break
+        ok = code == 0 and not failure
+        message = f"built {self.backend} in {seconds:.0f} s" if ok else failure or f"exit status {code}"
+        return BuildOutcome(self.backend, self.targets, BuildPhase.DONE if ok else BuildPhase.FAILED, message, seconds)
 
 
 def start_build(backend: str, model: ModelConfig, train: TrainConfig, vocab_size: int,
                 on_done: Callable[[BuildOutcome], None] | None = None) -> BackgroundBuild | None:
-    """Build the library `backend` opens for this model in a child process; None when
+    """Build the libraries `backend` opens for this model in a child process; None when
     there is nothing to build (not a Futhark backend, already built, or it cannot
     be built here: opening it says why)."""
-    target = library_target(backend, model, train, vocab_size)
-    if target is None:
-        return None
-    libdir = library_dir(target)
-    if libdir is None or futhark_build.is_complete(libdir):
-        return None
-    return BackgroundBuild(backend, target, on_done)
+    targets = tuple(t for t in unbuilt_targets(backend, model, train, vocab_size) if library_dir(t) is not None)
+    return BackgroundBuild(backend, targets, on_done) if targets else None
 
 
 def _child_env() -> dict[str, str]:
@@ -243,11 +259,19 @@ def _cancelled(signum, frame):
     raise SystemExit(EXIT_CANCELLED)  # unwinds the build: its half-built folder is removed
 
 
-def _child(target: str) -> int:
+def _child(targets: list[str]) -> int:
     signal.signal(signal.SIGTERM, _cancelled)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl+C meant for the parent (Windows has no sessions)
-    libdir = library_dir(target)
     futhark_build.add_build_listener(lambda event: print(event.message(), flush=True))
+    for target in targets:
+        if not _build_one(target):
+            return 1
+    return 0
+
+
+def _build_one(target: str) -> bool:
+    """Build target, writing its outcome beside its log; whether it was built."""
+    libdir = library_dir(target)
     start = time.monotonic()
     try:
         futhark_build.build(target)
@@ -264,8 +288,8 @@ def _child(target: str) -> int:
         scratch.write_text(json.dumps(outcome) + "\n", encoding="utf-8")
         os.replace(scratch, path)
     print(outcome["message"], flush=True)
-    return 0 if outcome["ok"] else 1
+    return outcome["ok"]
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+    sys.exit(_child(sys.argv[1:]))

@@ -314,7 +314,7 @@ def record_speeds(results, command: list[str]) -> None:
 
 def build_futhark_first(backends: list[str], presets: list[str], batches: list[int] | None,
                         vocab_size: int) -> None:
-    """Build the Futhark libraries the rows will open (prebuild.library_target: per batch
+    """Build the Futhark libraries the rows will open (prebuild.library_targets: per batch
     size and thread count) here, announced, before the rows' processes need them
     (a row's start-up is not timed, but it would be silent for tens of seconds)."""
     needed = []
@@ -323,9 +323,9 @@ def build_futhark_first(backends: list[str], presets: list[str], batches: list[i
             preset = get_preset(preset_name)
             for size in batches or [preset.train.batch_size]:
                 config = bench_timing.with_batch(preset, size)
-                target = prebuild.library_target(name, config.model, config.train, vocab_size)
-                if target is not None and target not in needed:
-                    needed.append(target)
+                for target in prebuild.library_targets(name, config.model, config.train, vocab_size):
+                    if target not in needed:
+                        needed.append(target)
     for target in needed:
         try:
             with builds_announced():

@@ -74,14 +74,6 @@ int futhark_values_i32_1d(struct futhark_context *ctx, struct futhark_i32_1d *ar
 int futhark_index_i32_1d(struct futhark_context *ctx, int32_t *out, struct futhark_i32_1d *arr, int64_t i0);
 CUdeviceptr futhark_values_raw_i32_1d(struct futhark_context *ctx, struct futhark_i32_1d *arr);
 const int64_t *futhark_shape_i32_1d(struct futhark_context *ctx, struct futhark_i32_1d *arr);
-struct futhark_i32_2d;
-struct futhark_i32_2d *futhark_new_i32_2d(struct futhark_context *ctx, const int32_t *data, int64_t dim0, int64_t dim1);
-struct futhark_i32_2d *futhark_new_raw_i32_2d(struct futhark_context *ctx, CUdeviceptr data, int64_t dim0, int64_t dim1);
-int futhark_free_i32_2d(struct futhark_context *ctx, struct futhark_i32_2d *arr);
-int futhark_values_i32_2d(struct futhark_context *ctx, struct futhark_i32_2d *arr, int32_t *data);
-int futhark_index_i32_2d(struct futhark_context *ctx, int32_t *out, struct futhark_i32_2d *arr, int64_t i0, int64_t i1);
-CUdeviceptr futhark_values_raw_i32_2d(struct futhark_context *ctx, struct futhark_i32_2d *arr);
-const int64_t *futhark_shape_i32_2d(struct futhark_context *ctx, struct futhark_i32_2d *arr);
 struct futhark_i64_1d;
 struct futhark_i64_1d *futhark_new_i64_1d(struct futhark_context *ctx, const int64_t *data, int64_t dim0);
 struct futhark_i64_1d *futhark_new_raw_i64_1d(struct futhark_context *ctx, CUdeviceptr data, int64_t dim0);
@@ -137,7 +129,6 @@ int futhark_project_opaque_weights_v(struct futhark_context *ctx, struct futhark
 int futhark_new_opaque_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out, const struct futhark_f32_2d *f_m, const struct futhark_f32_2d *f_params, const int64_t f_step, const struct futhark_f32_2d *f_v);
 
 // Entry points
-int futhark_entry_doc_losses(struct futhark_context *ctx, struct futhark_f32_1d **out0, struct futhark_i64_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_2d *in2, const struct futhark_i64_1d *in3);
 int futhark_entry_get_m(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_params(struct futhark_context *ctx, struct futhark_f32_1d **out0, const struct futhark_opaque_weights *in0);
 int futhark_entry_get_step(struct futhark_context *ctx, int64_t *out0, const struct futhark_opaque_weights *in0);
@@ -145,7 +136,6 @@ int futhark_entry_get_v(struct futhark_context *ctx, struct futhark_f32_1d **out
 int futhark_entry_initial_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1);
 int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_model **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const int64_t in11, const int64_t in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14, const struct futhark_i64_1d *in15, const struct futhark_i32_1d *in16);
 int futhark_entry_new_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
-int futhark_entry_sample(struct futhark_context *ctx, struct futhark_i32_2d **out0, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const struct futhark_i32_1d *in2, const int64_t in3, const double in4, const uint64_t in5, const int64_t in6, const int64_t in7);
 int futhark_entry_train_batch(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 
 // Miscellaneous
