@@ -8,7 +8,7 @@
 -- read once per step and per product rather than once per document, and
 -- the products are large enough to tile (rows_linear).  Each weight's
 -- gradient is a product too, dYᵀ X with the N positions as its inner
--- loop (rows_linear of the two activations transposed), and the gradient
+-- loop (transposed_product of the two activations transposed), and the gradient
 -- is held whole, as the buffer's rows, for train.fut's update pass (at
 -- B = 1 the update pass instead sums each row's gradient over the T ~ 7
 -- positions as it goes).  Attention runs per document and head, reading
@@ -27,10 +27,11 @@
 -- NumPy's and vjp's), depending on which other functions the program
 -- held (model.fut's back_linear met the same bug: a weight matrix, a
 -- view into the flat buffer, read from the wrong place).  Not inlined: a
--- few producers whose result a product reads (the transposes, fc2's copy,
--- the attention's output and gradient), which, fused into the product,
--- were read through reshapes with an integer division per element.  The
--- tests hold the step to vjp and NumPy at every such choice.
+-- few producers whose result a product reads (fc2's copy, the attention's
+-- output and gradient), which, fused into the product, were read through
+-- reshapes with an integer division per element.  (The transposes are
+-- inlined and read as blocks: `transposed` says why.)  The tests hold the
+-- step to vjp and NumPy at every such choice.
 
 import "model"
 import "train"
@@ -52,75 +53,127 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 
 -- * Products over the step's positions
 
--- | x @ w.T for x (N, I) and a weight w (O, I) stored as (out, in), by
--- 4 x 2 tiles of the result: each reads 4 rows of x and 2 of w, so each
--- loaded value serves 2 or 4 products (a plain dot product per element
--- loads two values per FMA), and its 8 dot products over I run in one
--- loop as 8 independent chains of FMAs, enough to keep both of a core's
--- FMA units busy through their latency (the 2 x 2 tiles before had 4
--- chains, each waiting on itself: 0.8 FMA a cycle).  The batched programs
--- are compiled so that clang runs that loop once per vector of k, not
--- interleaved (engine/futhark/cc.py CLANG_TILE_CFLAGS): clang's own choice,
--- 4 times, keeps 32 sums, more than AVX2's 16 registers hold.  Rows
--- shorter than 128 end too soon to repay the 8 sums' cross-lane
--- additions, and there a tile is two 2 x 2 loops (`futhark bench` at the
--- step's shapes: 4 x 2 took 0.6-0.8 of 2 x 2's time from I = 128 to 1024;
--- 4 x 3 with 2 x 2 miscompiled, docs/performance.md 2026-12-03 evening).
--- Rows past N or O repeat the last row and are dropped.  The map over
--- tiles of rows is the multicore backend's parallel work.
+-- The product of N rows of x and O rows of w, x @ w.T, each row I values
+-- (`tiled_product`): every element a dot product over I, computed by
+-- tiles of the result that read a few rows of x and 2 of w, so each loaded
+-- value serves several products (a plain dot product per element loads two
+-- values per FMA), and whose dot products run in one loop as independent
+-- chains of FMAs, to keep both of a core's FMA units busy through their
+-- latency (5 cycles on Zen 2: 10 chains at 2 FMAs a cycle; the 2 x 2 tiles
+-- before had 4, 0.8 FMA a cycle).  The batched programs are compiled so
+-- that clang runs that loop once per vector of k, not interleaved
+-- (engine/futhark/cc.py CLANG_TILE_CFLAGS): clang's own choice, 4 times,
+-- keeps 4 times the sums, more than AVX2's 16 registers hold.  Rows shorter
+-- than 128 end too soon to repay many sums' cross-lane additions, and
+-- there a tile is 2 x 2 loops.  Rows past N or O repeat the last row and
+-- are dropped.  The rows come from functions (x_row, w_row): a matrix's
+-- row, a weight's row in the parameter buffer, or a row of a transpose
+-- held as blocks (`transposed`), read in place.
+--
+-- One tiling for every product: Futhark 0.25.34 miscompiled the multicore
+-- step whenever an `if` chose between two tilings at run time (4 x 3 and
+-- 2 x 2 before, 4 x 2 and 5 x 2 since; docs/performance.md, 2026-12-03).
+-- How the result is written differs by program, fixed when it is
+-- compiled (`products`).
+
+-- | 5 x 2 tiles (10 chains).  The sequential C program writes each block
+-- of 5 rows out as rows; the multicore and GPU programs pick each element
+-- out of its tile, a task per block of rows on multicore.  Written out,
+-- the rows come as a reshape of the blocks, which the multicore program's
+-- later steps read with a division per element (25% of an `s256` step);
+-- picked, r mod 5 costs sequential C 12% at `learn` (the `learn` preset
+-- runs sequential C on futhark-multicore too, as one thread).
 #[inline]
-def rows_linear [n][i][o] (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
-  let xr a = #[unsafe] x[i64.min (n - 1) a]
-  let wr b = #[unsafe] w[i64.min (o - 1) b]
+def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -> [i]f32): *[n][o]f32 =
+  let add2 (a0, a1) (b0, b1) = (a0 + b0, a1 + b1)
   let add4 (a0, a1, a2, a3) (b0, b1, b2, b3) = (a0 + b0, a1 + b1, a2 + b2, a3 + b3)
-  let add8 (a0, a1, a2, a3, a4, a5, a6, a7) (b0, b1, b2, b3, b4, b5, b6, b7) =
-    (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7)
+  let add10 (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9) (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9) =
+    (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9)
+  let tile_1x2 (x0: [i]f32) (w0: [i]f32) (w1: [i]f32) =
+    #[sequential] reduce_comm add2 (0, 0) (map (\k -> #[unsafe] (x0[k] * w0[k], x0[k] * w1[k])) (iota i))
   let tile_2x2 (x0: [i]f32) (x1: [i]f32) (w0: [i]f32) (w1: [i]f32) =
     let products k = #[unsafe] (x0[k] * w0[k], x0[k] * w1[k], x1[k] * w0[k], x1[k] * w1[k])
     in #[sequential] reduce_comm add4 (0, 0, 0, 0) (map products (iota i))
   let tile a b =
-    let (x0, x1, x2, x3) = (xr (4 * a), xr (4 * a + 1), xr (4 * a + 2), xr (4 * a + 3))
+    let (x0, x1, x2, x3, x4) = (xr (5 * a), xr (5 * a + 1), xr (5 * a + 2), xr (5 * a + 3), xr (5 * a + 4))
     let (w0, w1) = (wr (2 * b), wr (2 * b + 1))
     in if i < 128
        then let (a0, a1, a2, a3) = tile_2x2 x0 x1 w0 w1
             let (a4, a5, a6, a7) = tile_2x2 x2 x3 w0 w1
-            in (a0, a1, a2, a3, a4, a5, a6, a7)
+            let (a8, a9) = tile_1x2 x4 w0 w1
+            in (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
        else let products k = #[unsafe] (x0[k] * w0[k], x0[k] * w1[k], x1[k] * w0[k], x1[k] * w1[k],
-                                         x2[k] * w0[k], x2[k] * w1[k], x3[k] * w0[k], x3[k] * w1[k])
-            in #[sequential] reduce_comm add8 (0, 0, 0, 0, 0, 0, 0, 0) (map products (iota i))
-  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 3) / 4))
-  -- (shifts and masks: / and % on i64 were division calls, ~4% of a step)
+                                         x2[k] * w0[k], x2[k] * w1[k], x3[k] * w0[k], x3[k] * w1[k],
+                                         x4[k] * w0[k], x4[k] * w1[k])
+            in #[sequential] reduce_comm add10 (0, 0, 0, 0, 0, 0, 0, 0, 0, 0) (map products (iota i))
+  let block a =
+    let ts = map (tile a) (iota ((o + 1) / 2))
+    let row f = #[unsafe] (flatten (map (\t -> let (e0, e1) = f t in [e0, e1]) ts))[:o] :> [o]f32
+    in [row (\(a0, a1, _, _, _, _, _, _, _, _) -> (a0, a1)), row (\(_, _, a2, a3, _, _, _, _, _, _) -> (a2, a3)),
+        row (\(_, _, _, _, a4, a5, _, _, _, _) -> (a4, a5)), row (\(_, _, _, _, _, _, a6, a7, _, _) -> (a6, a7)),
+        row (\(_, _, _, _, _, _, _, _, a8, a9) -> (a8, a9))]
+  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 4) / 5))
+  -- r / 5 as a multiply-high and a shift, c / 2 as a shift (/ and % on
+  -- i64 are division calls: ~4% of a step)
   let pick r c = #[unsafe]
-                 let (a0, a1, a2, a3, a4, a5, a6, a7) = tiles[r >> 2, c >> 1]
-                 let q = r & 3
+                 let a = i64.u64 (u64.mul_hi (u64.i64 r) 0xCCCCCCCCCCCCCCCD >> 2)
+                 let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9) = tiles[a, c >> 1]
+                 let q = r - 5 * a
                  let (e0, e1) = if q == 0 then (a0, a1) else if q == 1 then (a2, a3)
-                                else if q == 2 then (a4, a5) else (a6, a7)
+                                else if q == 2 then (a4, a5) else if q == 3 then (a6, a7) else (a8, a9)
                  in if (c & 1) == 0 then e0 else e1
-  in tabulate_2d n o pick
+  in match p
+     case #sequential -> #[unsafe] (flatten (map block (iota ((n + 4) / 5))))[:n] :> [n][o]f32
+     case _ -> tabulate_2d n o pick
 
--- | x as a fresh row-major (M, N) array, 8 of its rows at a time: each
--- pass reads 8 adjacent columns of x (a cache line's worth per row of x)
--- and writes them into 8 rows in place.  The map over blocks of rows is
--- the multicore backend's parallel work; its own transposing copy
--- computed each element's position with an integer division (13% of an
--- s64 step), and a block built by `tabulate` was then copied element by
--- element into the result (3-9 times slower than this loop at the
--- step's shapes on two threads, `futhark bench`).
-def transposed_rows [n][m] (x: [n][m]f32): *[m][n]f32 =
+-- | x @ w.T by this program's tiles.
+#[inline]
+def tiled_product [i] (p: products) (n: i64) (o: i64) (x_row: i64 -> [i]f32) (w_row: i64 -> [i]f32): *[n][o]f32 =
+  let xr a = x_row (i64.min (n - 1) a)
+  let wr b = w_row (i64.min (o - 1) b)
+  in tiles_5x2 p n o xr wr
+
+-- | x @ w.T for x (N, I) and a weight w (O, I) stored as (out, in).
+#[inline]
+def rows_linear [n][i][o] (p: products) (x: [n][i]f32) (w: [o][i]f32): *[n][o]f32 =
+  tiled_product p n o (\a -> #[unsafe] x[a]) (\b -> #[unsafe] w[b])
+
+-- | Row r of a transpose held as blocks of 8 rows (`transposed`).
+#[inline]
+def row_of [k][n] (blocks: [k][8][n]f32) (r: i64): [n]f32 = #[unsafe] blocks[r >> 3, r & 7]
+
+-- | x (N, M) transposed, as blocks of 8 of its M rows of N (row r is
+-- blocks[r >> 3, r & 7], `row_of`; rows past M repeat the last): the
+-- transposed operands of the products (a view would be read with a
+-- stride in their inner loops).  Each block reads 8 adjacent columns of x
+-- (a cache line's worth per row of x) and writes them into its 8 rows in
+-- place; the map over blocks is the multicore backend's parallel work.
+-- Inlined, and read as blocks rather than flattened to (M, N): a
+-- transposing function of its own received its argument as a copy (the
+-- activations and weights are views, into the layers' buffer and the
+-- parameters; 8% of an `s256` step, the copy dividing per element), and
+-- the rows of a flattened result were read with divisions per element.
+-- (Futhark's own transposing copy, by tasks, also divided per element:
+-- 13% of an s64 step.)
+#[inline]
+def transposed [n][m] (p: products) (x: [n][m]f32): *[(m + 7) / 8][8][n]f32 =
+  let column c = #[unsafe] i64.min (m - 1) c
   let block q = #[unsafe] loop out = replicate 8 (replicate n 0f32) for b < n do
-                  loop out for a < 8 do out with [a, b] = x[b, i64.min (m - 1) (8 * q + a)]
-  in #[unsafe] (flatten (map block (iota ((m + 7) / 8))))[:m] :> [m][n]f32
+                  loop out for a < 8 do out with [a, b] = x[b, column (8 * q + a)]
+  in match p
+     case #tasks _ -> map block (iota ((m + 7) / 8))
+     case #sequential -> #[sequential] map block (iota ((m + 7) / 8))
+     case #gpu -> tabulate_3d ((m + 7) / 8) 8 n (\q a b -> #[unsafe] x[b, column (8 * q + a)])
 
--- | x as a fresh row-major (M, N) array: the transposed operands of
--- rows_linear (a view would be read with a stride in its inner loop).
--- Sequential C and the GPUs copy the transpose, which Futhark does by
--- blocks (an element-by-element tabulate was 10% of an s64 step);
--- multicore uses transposed_rows.
-#[noinline]
-def transposed [n][m] (p: products) (x: [n][m]f32): *[m][n]f32 =
-  match p
-  case #tasks _ -> transposed_rows x
-  case _ -> copy (transpose x)
+-- | x @ wt for x (N, I) and wt (I, O) held as `transposed` blocks.
+#[inline]
+def rows_by_transposed [n][i][k] (p: products) (o: i64) (x: [n][i]f32) (wt: [k][8][i]f32): *[n][o]f32 =
+  tiled_product p n o (\a -> #[unsafe] x[a]) (row_of wt)
+
+-- | xt.T @ yt for two `transposed` blocks, N and O rows.
+#[inline]
+def transposed_product [kx][ky][i] (p: products) (n: i64) (o: i64) (xt: [kx][8][i]f32) (yt: [ky][8][i]f32): *[n][o]f32 =
+  tiled_product p n o (row_of xt) (row_of yt)
 
 -- * The step's weights
 
@@ -135,10 +188,10 @@ def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
 -- | Layer l's weights, copied out of the buffer (P values a step, a small
 -- part of its N P multiply-adds), and transposed for the backward pass:
 -- dy @ w, the gradient of rows_linear with respect to its input, is
--- rows_linear of dy and w.T, whose tiles then read contiguous rows.
+-- rows_by_transposed of dy and w.T, whose tiles then read contiguous rows.
 -- fc2 (C, 4C) lies in the buffer as 4C rows of C, row 4 a + q holding
 -- columns q C .. q C + C - 1 of its row a.
-type layer_t [c][c3][f] = {wqkv: [c][c3]f32, wo: [c][c]f32, fc1: [c][f]f32, fc2: [f][c]f32}
+type layer_t [kc][kf][c][c3][f] = {wqkv: [kc][8][c3]f32, wo: [kc][8][c]f32, fc1: [kc][8][f]f32, fc2: [kf][8][c]f32}
 
 #[noinline]
 def fc2_rows [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
@@ -152,7 +205,7 @@ def layer_rows [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i6
 
 #[inline]
 def layer_rows_t [rows][c] (p: products) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64)
-                           : layer_t [c][c3][f] =
+                           : layer_t [(c + 7) / 8][(f + 7) / 8][c][c3][f] =
   let at j = layout[3 + 6 * l + j] / c
   in {wqkv = transposed p (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
       wo = transposed p (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
@@ -290,24 +343,24 @@ def batch_block [n][c][c3][f] (p: products) (h: i64) (b: i64) (t: i64) (w: layer
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   let (xn, r1) = normalised p x
-  let qkv = rows_linear xn w.wqkv  -- (N, 3C)
+  let qkv = rows_linear p xn w.wqkv  -- (N, 3C)
   let probs = attention_weights b t h d scale qkv
   let y = attention_output b t h d qkv probs :> [n][c]f32
-  let x = added p x (rows_linear y w.wo)
+  let x = added p x (rows_linear p y w.wo)
   let (xn2, r2) = normalised p x
-  let hid = rows_linear xn2 w.fc1
+  let hid = rows_linear p xn2 w.fc1
   let act = positions p n (\r -> #[sequential] map relu (#[unsafe] hid[r]))
-  let x = added p x (rows_linear act w.fc2)
+  let x = added p x (rows_linear p act w.fc2)
   in (x, {xn, r1, qkv, probs, y, xn2, r2, act})
 
 -- | The summed loss of the real positions (position r is real where r % T
 -- < lengths[r / T]), and the gradient of the batch's mean loss (scale = 1
 -- / the real positions' count) with respect to the logits: (softmax -
 -- one_hot) scale at the real positions, zero at the padding.
-def batch_loss_and_dlogits [n][v][c][b] (lm_head: [v][c]f32) (x: [n][c]f32) (targets: [n]i32)
+def batch_loss_and_dlogits [n][v][c][b] (p: products) (lm_head: [v][c]f32) (x: [n][c]f32) (targets: [n]i32)
                                         (lengths: [b]i64) (t: i64) (scale: f32): (f32, *[n][v]f32) =
   let real r = #[unsafe] r % t < lengths[r / t]
-  let (losses, dlogits) = unzip (position_dlogits (rows_linear x lm_head) targets (\r -> if real r then scale else 0))
+  let (losses, dlogits) = unzip (position_dlogits (rows_linear p x lm_head) targets (\r -> if real r then scale else 0))
   in (f32.sum (map2 (\r loss -> if real r then loss else 0) (iota n) losses), dlogits)
 
 -- * Backward
@@ -316,10 +369,11 @@ def batch_loss_and_dlogits [n][v][c][b] (lm_head: [v][c]f32) (x: [n][c]f32) (tar
 -- with respect to its output: the gradient with respect to its input,
 -- and its weights' gradients as the buffer's 12 C rows (wq, wk, wv, wo,
 -- fc1, fc2's rows of 4C as four rows of C), each a product dYᵀ X over the
--- N positions (rows_linear of the transposed activations: its inner loop
--- runs over the positions).  `w`: the layer's weights, transposed.
+-- N positions (transposed_product of the transposed activations: its
+-- inner loop runs over the positions).  `w`: the layer's weights,
+-- transposed.
 #[inline]
-def batch_block_back [n][b][h][t][c][c3][f] (p: products) (w: layer_t [c][c3][f])
+def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (w: layer_t [kc][kf][c][c3][f])
                                             (a: batch_acts [n][b][h][t][c][c3][f])
                                             (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
   let d = c / h
@@ -327,17 +381,17 @@ def batch_block_back [n][b][h][t][c][c3][f] (p: products) (w: layer_t [c][c3][f]
   -- fc2's gradient (C, 4C) as the buffer's 4C rows of C
   let as_rows (g: [c][f]f32): *[f][c]f32 = tabulate_2d f c (\r e -> #[unsafe] g[r / 4, (r % 4) * c + e])
   -- x_out = x_mid + relu(xn2 @ fc1.T) @ fc2.T
-  let g_fc2 = rows_linear (transposed p dx) (transposed p a.act)  -- (C, 4C)
-  let dact = rows_linear dx w.fc2
+  let g_fc2 = transposed_product p c f (transposed p dx) (transposed p a.act)  -- (C, 4C)
+  let dact = rows_by_transposed p f dx w.fc2
   let dhid = positions p n (\r -> #[unsafe] #[sequential] map2 (\g av -> if av > 0 then g else 0) dact[r] a.act[r])
-  let g_fc1 = rows_linear (transposed p dhid) (transposed p a.xn2)  -- (4C, C)
-  let dxn2 = rows_linear dhid w.fc1
+  let g_fc1 = transposed_product p f c (transposed p dhid) (transposed p a.xn2)  -- (4C, C)
+  let dxn2 = rows_by_transposed p c dhid w.fc1
   let dxmid = add_norm_back p dx dxn2 a.xn2 a.r2
   -- x_mid = x_in + attn(xn) @ wo.T
-  let g_wo = rows_linear (transposed p dxmid) (transposed p a.y)  -- (C, C)
-  let dqkv = attention_back b t h d scale a.qkv a.probs (rows_linear dxmid w.wo)
-  let g_qkv = rows_linear (transposed p dqkv) (transposed p a.xn)  -- (3C, C)
-  let dxn = rows_linear dqkv w.wqkv
+  let g_wo = transposed_product p c c (transposed p dxmid) (transposed p a.y)  -- (C, C)
+  let dqkv = attention_back b t h d scale a.qkv a.probs (rows_by_transposed p c dxmid w.wo)
+  let g_qkv = transposed_product p c3 c (transposed p dqkv) (transposed p a.xn)  -- (3C, C)
+  let dxn = rows_by_transposed p c dqkv w.wqkv
   let grads = (g_qkv ++ g_wo ++ g_fc1 ++ as_rows g_fc2) :> [12 * c][c]f32
   in (add_norm_back p dxmid dxn a.xn a.r1, grads)
 
@@ -370,19 +424,19 @@ def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64)
     loop (x, acts) = (copy x0, replicate nl none) for j < nl do
       let (x, a) = batch_block p h b t (layer_rows params layout c3 f j) x
       in (x, acts with [j] = (a :> batch_acts [n][b][h][t][c][c3][f]))
-  let (loss_sum, dlogits) = batch_loss_and_dlogits lm_head x targets lengths t (1 / f32.i64 count)
+  let (loss_sum, dlogits) = batch_loss_and_dlogits p lm_head x targets lengths t (1 / f32.i64 count)
   -- backward: the gradient rows of each layer, top down, then lm_head,
   -- wpe and wte
   let head_end = 2 * nv + dm.block_size
   let grads = replicate rows (replicate c 0f32)
   let (dx, grads) =
-    loop (dx, grads) = (rows_linear dlogits (transposed p lm_head), grads) for i < nl do
+    loop (dx, grads) = (rows_by_transposed p c dlogits (transposed p lm_head), grads) for i < nl do
       let j = nl - 1 - i
       let (dx, g) = batch_block_back p (layer_rows_t p params layout c3 f j) acts[j] dx
       let first = head_end + 12 * c * j
       in (dx, grads with [first:first + 12 * c] = g)
   let dx0 = positions p n (\i -> #[unsafe] norm_back_row dx[i] x0[i] r0[i])
-  let g_head = rows_linear (transposed p dlogits) (transposed p x)  -- (V, C)
+  let g_head = transposed_product p nv c (transposed p dlogits) (transposed p x)  -- (V, C)
   -- wte: each position's dx0 added to its token's row; wpe: position i's
   -- row the sum over the documents of their position i (none past T)
   let g_wte = reduce_by_index (replicate nv (replicate c 0)) (map2 (+)) (replicate c 0)
