@@ -243,6 +243,28 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "s256", 4_797_952, 32, 145.3),
         ),
     ),
+    # Transposes read in place, 5 x 2 product tiles (2026-12-03, late): its
+    # rows replace the evening's.
+    SpeedTable(
+        date="2026-12-03",
+        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.3-1.6)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 2.636),
+            ("futhark-c", "learn", 26_816, 32, 2.901),
+            ("futhark-multicore", "learn", 26_816, 32, 2.882),
+            ("numpy", "s64", 155_008, 32, 8.553),
+            ("futhark-c", "s64", 155_008, 32, 10.55),
+            ("futhark-multicore", "s64", 155_008, 32, 9.763),
+            ("numpy", "s128", 809_728, 32, 30.25),
+            ("futhark-c", "s128", 809_728, 32, 46.71),
+            ("futhark-multicore", "s128", 809_728, 32, 26.01),
+            ("numpy", "s256", 4_797_952, 32, 103.2),
+            ("futhark-c", "s256", 4_797_952, 32, 242.0),
+            ("futhark-multicore", "s256", 4_797_952, 32, 126.5),
+        ),
+    ),
 )
 
 
