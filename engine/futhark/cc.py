@@ -33,11 +33,12 @@ CLANG_CFLAGS = ("-O3 -march=native -fno-math-errno -fassociative-math -fno-signe
 GCC_CFLAGS = ("-O3 -march=native -fno-math-errno -fassociative-math -fno-signed-zeros "
               "-fno-trapping-math -ffp-contract=fast --param vect-max-version-for-alias-checks=200")
 # The batched programs' products (kernels/lib/batch.fut tiled_product) are tiles of 10
-# dot products (8 when this came in): clang 14 interleaved that vector loop 4 times (32
-# accumulators, spilled to the stack) and 2 x 2 tiles not at all (4 FMA chains, each
-# waiting on the last: 0.8 FMA a cycle); 8 chains run once keep both FMA units busy,
-# 1.3-1.7x faster products (`futhark bench`, s256's shapes). Only for those programs: it changes the
-# order of the one-document programs' vectorised sums, which must stay bit for bit.
+# dot products (8 when this came in): clang 14 interleaved that vector loop 4 times (the
+# sums 4 times over, spilled to the stack) and 2 x 2 tiles not at all (4 FMA chains, each
+# waiting on the last: 0.8 FMA a cycle); 8 or 10 chains run once keep both FMA units
+# busy, 1.3-1.7x faster products (`futhark bench`, s256's shapes). Only for those
+# programs: it changes the order of the one-document programs' vectorised sums, which
+# must stay bit for bit.
 CLANG_TILE_CFLAGS = "-mllvm -force-vector-interleave=1"
 OTHER_CFLAGS = "-O3"  # a compiler we do not recognise gets only what every cc accepts
 # Python's own CFLAGS ask for debug info; without it the compile of the shipped C was
