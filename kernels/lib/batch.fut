@@ -76,13 +76,19 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 -- How the result is written differs by program, fixed when it is
 -- compiled (`products`).
 
--- | 5 x 2 tiles (10 chains).  The sequential C program writes each block
--- of 5 rows out as rows; the multicore and GPU programs pick each element
--- out of its tile, a task per block of rows on multicore.  Written out,
--- the rows come as a reshape of the blocks, which the multicore program's
--- later steps read with a division per element (25% of an `s256` step);
--- picked, r mod 5 costs sequential C 12% at `learn` (the `learn` preset
--- runs sequential C on futhark-multicore too, as one thread).
+-- | 5 x 2 tiles (10 chains).  The sequential C program writes each
+-- tile's 10 sums straight into the result, a loop updating it in place
+-- (as rows padded to whole tiles, then sliced); the multicore and GPU
+-- programs pick each element out of its tile, a task per block of rows on
+-- multicore.  Written out as rows by blocks of 5 (an array of 5 rows per
+-- block, flattened), the sequential program copied every result twice,
+-- through Futhark's general copy (8% of a `learn` step; the `learn`
+-- preset runs sequential C on futhark-multicore too, as one thread);
+-- picked, r mod 5 cost it 12%.  The in-place loop is sequential by
+-- nature, and the same loop per block of rows inside the multicore
+-- program's parallel map made its `s64` step 1.5 times slower (each
+-- block's rows copied out, then read through the flattening with a
+-- division per element).
 #[inline]
 def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -> [i]f32): *[n][o]f32 =
   let add2 (a0, a1) (b0, b1) = (a0 + b0, a1 + b1)
@@ -106,12 +112,6 @@ def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -
                                          x2[k] * w0[k], x2[k] * w1[k], x3[k] * w0[k], x3[k] * w1[k],
                                          x4[k] * w0[k], x4[k] * w1[k])
             in #[sequential] reduce_comm add10 (0, 0, 0, 0, 0, 0, 0, 0, 0, 0) (map products (iota i))
-  let block a =
-    let ts = map (tile a) (iota ((o + 1) / 2))
-    let row f = #[unsafe] (flatten (map (\t -> let (e0, e1) = f t in [e0, e1]) ts))[:o] :> [o]f32
-    in [row (\(a0, a1, _, _, _, _, _, _, _, _) -> (a0, a1)), row (\(_, _, a2, a3, _, _, _, _, _, _) -> (a2, a3)),
-        row (\(_, _, _, _, a4, a5, _, _, _, _) -> (a4, a5)), row (\(_, _, _, _, _, _, a6, a7, _, _) -> (a6, a7)),
-        row (\(_, _, _, _, _, _, _, _, a8, a9) -> (a8, a9))]
   let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 4) / 5))
   -- r / 5 as a multiply-high and a shift, c / 2 as a shift (/ and % on
   -- i64 are division calls: ~4% of a step)
@@ -123,7 +123,17 @@ def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -
                                 else if q == 2 then (a4, a5) else if q == 3 then (a6, a7) else (a8, a9)
                  in if (c & 1) == 0 then e0 else e1
   in match p
-     case #sequential -> #[unsafe] (flatten (map block (iota ((n + 4) / 5))))[:n] :> [n][o]f32
+     case #sequential ->
+       let (blocks, pairs) = ((n + 4) / 5, (o + 1) / 2)
+       let out = loop out = replicate (5 * blocks) (replicate (2 * pairs) 0f32) for a < blocks do
+                   loop out for b < pairs do
+                     let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9) = tile a b
+                     let (r, c) = (5 * a, 2 * b)
+                     in #[unsafe] out with [r, c] = a0 with [r, c + 1] = a1 with [r + 1, c] = a2
+                                      with [r + 1, c + 1] = a3 with [r + 2, c] = a4 with [r + 2, c + 1] = a5
+                                      with [r + 3, c] = a6 with [r + 3, c + 1] = a7 with [r + 4, c] = a8
+                                      with [r + 4, c + 1] = a9
+       in #[unsafe] out[:n, :o] :> [n][o]f32
      case _ -> tabulate_2d n o pick
 
 -- | x @ w.T by this program's tiles.
