@@ -265,6 +265,26 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "s256", 4_797_952, 32, 126.5),
         ),
     ),
+    SpeedTable(
+        date="2026-12-03",
+        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.1-1.4)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 2.567),
+            ("futhark-c", "learn", 26_816, 32, 2.354),
+            ("futhark-multicore", "learn", 26_816, 32, 2.412),
+            ("numpy", "s64", 155_008, 32, 7.801),
+            ("futhark-c", "s64", 155_008, 32, 9.166),
+            ("futhark-multicore", "s64", 155_008, 32, 6.422),
+            ("numpy", "s128", 809_728, 32, 28.29),
+            ("futhark-c", "s128", 809_728, 32, 40.54),
+            ("futhark-multicore", "s128", 809_728, 32, 22.16),
+            ("numpy", "s256", 4_797_952, 32, 105.1),
+            ("futhark-c", "s256", 4_797_952, 32, 237.1),
+            ("futhark-multicore", "s256", 4_797_952, 32, 120.6),
+        ),
+    ),
 )
 
 
