@@ -265,6 +265,8 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "s256", 4_797_952, 32, 126.5),
         ),
     ),
+    # Tile sums written in place in the sequential program (2026-12-03,
+    # 19:00): its rows replace the late table's.
     SpeedTable(
         date="2026-12-03",
         machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.1-1.4)",
