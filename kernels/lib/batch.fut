@@ -76,19 +76,25 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 -- How the result is written differs by program, fixed when it is
 -- compiled (`products`).
 
--- | 5 x 2 tiles (10 chains).  The sequential C program writes each
--- tile's 10 sums straight into the result, a loop updating it in place
--- (as rows padded to whole tiles, then sliced); the multicore and GPU
--- programs pick each element out of its tile, a task per block of rows on
--- multicore.  Written out as rows by blocks of 5 (an array of 5 rows per
--- block, flattened), the sequential program copied every result twice,
--- through Futhark's general copy (8% of a `learn` step; the `learn`
--- preset runs sequential C on futhark-multicore too, as one thread);
--- picked, r mod 5 cost it 12%.  The in-place loop is sequential by
--- nature, and the same loop per block of rows inside the multicore
--- program's parallel map made its `s64` step 1.5 times slower (each
--- block's rows copied out, then read through the flattening with a
--- division per element).
+-- | 5 x 2 tiles (10 chains), the result written by each program its own
+-- way.  The sequential C program (also futhark-multicore on one thread, as
+-- at `learn`) writes each tile's 10 sums straight into the result, a loop
+-- updating it in place (rows padded to whole tiles, then sliced).  The
+-- multicore program does the same in a task per run of ~1/32 of the
+-- blocks of 5 rows, each into a flat array of its rows of exactly O
+-- (flattened and unflattened, the tasks' rows are one contiguous [N][O]
+-- to Futhark, and what reads them copies no more than before); a task
+-- takes the weight's rows in chunks of ~64 KB, each read from L2 by all
+-- its blocks rather than from L3 once per block.  The GPU program picks
+-- each element out of its tile.  What was tried and measured, in
+-- docs/performance.md: blocks as arrays of 5 rows, flattened (every result
+-- copied twice, 8% of a `learn` step); picking on the CPU (r mod 5, 12% of
+-- `learn`, and at `s128` and `s256` the multicore step 1.05x slower than
+-- tasks); a task per block of 5 rows returning them as an array (`s64`
+-- 1.5x slower: copied out, then read with a division per element); tasks'
+-- rows padded to whole tiles (the copies into the activations' buffer
+-- divided per element, 15% of an `s256` step); the sequential program
+-- by the tasks' loop (`s64` 1.03x slower).
 #[inline]
 def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -> [i]f32): *[n][o]f32 =
   let add2 (a0, a1) (b0, b1) = (a0 + b0, a1 + b1)
@@ -112,19 +118,9 @@ def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -
                                          x2[k] * w0[k], x2[k] * w1[k], x3[k] * w0[k], x3[k] * w1[k],
                                          x4[k] * w0[k], x4[k] * w1[k])
             in #[sequential] reduce_comm add10 (0, 0, 0, 0, 0, 0, 0, 0, 0, 0) (map products (iota i))
-  let tiles = map (\a -> map (tile a) (iota ((o + 1) / 2))) (iota ((n + 4) / 5))
-  -- r / 5 as a multiply-high and a shift, c / 2 as a shift (/ and % on
-  -- i64 are division calls: ~4% of a step)
-  let pick r c = #[unsafe]
-                 let a = i64.u64 (u64.mul_hi (u64.i64 r) 0xCCCCCCCCCCCCCCCD >> 2)
-                 let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9) = tiles[a, c >> 1]
-                 let q = r - 5 * a
-                 let (e0, e1) = if q == 0 then (a0, a1) else if q == 1 then (a2, a3)
-                                else if q == 2 then (a4, a5) else if q == 3 then (a6, a7) else (a8, a9)
-                 in if (c & 1) == 0 then e0 else e1
+  let (blocks, pairs) = ((n + 4) / 5, (o + 1) / 2)
   in match p
      case #sequential ->
-       let (blocks, pairs) = ((n + 4) / 5, (o + 1) / 2)
        let out = loop out = replicate (5 * blocks) (replicate (2 * pairs) 0f32) for a < blocks do
                    loop out for b < pairs do
                      let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9) = tile a b
@@ -134,7 +130,38 @@ def tiles_5x2 [i] (p: products) (n: i64) (o: i64) (xr: i64 -> [i]f32) (wr: i64 -
                                       with [r + 3, c] = a6 with [r + 3, c + 1] = a7 with [r + 4, c] = a8
                                       with [r + 4, c + 1] = a9
        in #[unsafe] out[:n, :o] :> [n][o]f32
-     case _ -> tabulate_2d n o pick
+     case #tasks _ ->
+       -- blocks a0 .. a1 - 1 as rows of O, flat; a tile's second column
+       -- past O (odd O) goes into its first, which is then written over
+       let chunk = i64.max 1 (16384 / i)
+       let rows a0 a1 (out: *[]f32) =
+         loop out for q < (pairs + chunk - 1) / chunk do
+           loop out for a in a0..<a1 do
+             loop out for b in q * chunk..<i64.min pairs (q * chunk + chunk) do
+               let (s0, s1, s2, s3, s4, s5, s6, s7, s8, s9) = tile a b
+               let at = 5 * (a - a0) * o + 2 * b
+               let at1 = if 2 * b + 1 < o then at + 1 else at
+               in #[unsafe] out with [at1] = s1 with [at1 + o] = s3 with [at1 + 2 * o] = s5
+                                with [at1 + 3 * o] = s7 with [at1 + 4 * o] = s9
+                                with [at] = s0 with [at + o] = s2 with [at + 2 * o] = s4
+                                with [at + 3 * o] = s6 with [at + 4 * o] = s8
+       let per = (blocks + 31) / 32
+       let tasks = (blocks + per - 1) / per
+       let task k = rows (k * per) (i64.min blocks (k * per + per)) (replicate (5 * per * o) 0f32)
+       let flat = flatten (map task (iota tasks)) :> [(tasks * 5 * per) * o]f32
+       in #[unsafe] (unflatten flat)[:n] :> [n][o]f32
+     case #gpu ->
+       let tiles = map (\a -> map (tile a) (iota pairs)) (iota blocks)
+       -- r / 5 as a multiply-high and a shift, c / 2 as a shift (/ and % on
+       -- i64 are division calls: ~4% of a step)
+       let pick r c = #[unsafe]
+                      let a = i64.u64 (u64.mul_hi (u64.i64 r) 0xCCCCCCCCCCCCCCCD >> 2)
+                      let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9) = tiles[a, c >> 1]
+                      let q = r - 5 * a
+                      let (e0, e1) = if q == 0 then (a0, a1) else if q == 1 then (a2, a3)
+                                     else if q == 2 then (a4, a5) else if q == 3 then (a6, a7) else (a8, a9)
+                      in if (c & 1) == 0 then e0 else e1
+       in tabulate_2d n o pick
 
 -- | x @ w.T by this program's tiles.
 #[inline]
