@@ -287,6 +287,28 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "s256", 4_797_952, 32, 120.6),
         ),
     ),
+    # Products by tasks in the multicore program (2026-12-03, 21:00): the
+    # first of that section's two bench runs; its rows replace the 19:00 table's.
+    SpeedTable(
+        date="2026-12-03",
+        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.3-1.6)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        rows=(
+            ("numpy", "learn", 26_816, 32, 2.49),
+            ("futhark-c", "learn", 26_816, 32, 2.33),
+            ("futhark-multicore", "learn", 26_816, 32, 2.345),
+            ("numpy", "s64", 155_008, 32, 7.184),
+            ("futhark-c", "s64", 155_008, 32, 8.649),
+            ("futhark-multicore", "s64", 155_008, 32, 5.421),
+            ("numpy", "s128", 809_728, 32, 26.23),
+            ("futhark-c", "s128", 809_728, 32, 36.79),
+            ("futhark-multicore", "s128", 809_728, 32, 21.23),
+            ("numpy", "s256", 4_797_952, 32, 89.73),
+            ("futhark-c", "s256", 4_797_952, 32, 206.5),
+            ("futhark-multicore", "s256", 4_797_952, 32, 106.8),
+        ),
+    ),
 )
 
 
