@@ -124,6 +124,14 @@ def at(day: int) -> datetime.datetime:
     return datetime.datetime(2026, 12, day, 12, tzinfo=datetime.timezone.utc)
 
 
+def test_each_shipped_configuration_has_one_row_and_every_table_a_row():
+    """A run that measures a configuration again replaces its row, so no shipped row is dead."""
+    keys = [(b, preset, batch) for table in sp.SHIPPED for b, preset, _, batch, _ in table.rows]
+    assert len(keys) == len(set(keys))
+    assert all(table.rows for table in sp.SHIPPED)
+    assert len(sp.shipped_speeds()) == len(keys)
+
+
 def test_the_users_measurement_on_this_machine_overrides_the_shipped_one(tmp_path, monkeypatch):
     monkeypatch.setattr(sp, "SHIPPED", (sp.SpeedTable("2026-11-30", "m", "bench", (("numpy", "s256", P_S256, 1, 1.0),)),
                                         sp.SpeedTable("2026-12-01", "m", "bench", tuple(

@@ -4,11 +4,12 @@ bench records in the user's data folder. engine.backends.choice picks the
 fastest available backend from them ("auto").
 
 The shipped figures are SHIPPED below: one SpeedTable per bench run (its date,
-machine and command), one row per measured configuration; where two runs
-measured the same (backend, preset, batch), the later table wins. To update
-them after a kernel change, run the command on a quiet machine with
-`--json FILE`, then `python -m engine.backends.speeds FILE [FILE...]`
-prints the rows to paste here; set date, machine and command to match.
+machine and command) holding the rows of it still current, one per measured
+configuration (where two tables held the same (backend, preset, batch), the
+later would win). To update them after a kernel change, run the command on a
+quiet machine with `--json FILE`, then `python -m engine.backends.speeds FILE
+[FILE...]` prints the rows to paste here as a new table (date, machine and
+command to match); delete the rows it replaces, and a table left empty.
 docs/backends.md ("The automatic choice") says how the choice reads them.
 """
 from __future__ import annotations
@@ -61,15 +62,16 @@ class SpeedTable:
                 for backend, preset, params, batch, ms in self.rows]
 
 
-# One table per bench run, side by side, each configuration's fastest round
-# (table_rows); docs/performance.md, "The automatic choice's table", has the
-# runs. The first two ran on a shared machine (load average 3.8 to 5.9 on its
-# 2 cores), with the kernel from before issue 28's batched step; the last
-# measured batch 32 again on the new kernel, on a quieter machine, and its
-# rows replace theirs; the fourth, futhark-multicore where it now runs one
-# thread (learn to s32 at batch 32); the fifth, batch 32 on the kernel of
-# 2026-12-03 (4 x 2 product tiles), on a Zen 2 machine: its rows replace
-# every earlier batch-32 row.
+# The rows still current, by the bench run that measured them, each
+# configuration's fastest round (table_rows). When a run measures a
+# configuration again, its row replaces the earlier one here, and a run left
+# with no rows goes; docs/performance.md keeps every run's figures ("The
+# automatic choice's table" and the sections it links). The first table: one
+# name per step and gpt2-small, on a shared Intel Xeon (load average 3.8 to
+# 5.9) with the kernel from before issue 28's batched step (its batch-32 rows
+# since replaced); the second: batch 32 at tiny and s32, on the kernel of
+# 2026-12-03 (4 x 2 product tiles) on a Zen 2 machine; the third: batch 32
+# at learn, s64, s128 and s256, on the kernel of 2026-12-03, 21:00.
 SHIPPED: tuple[SpeedTable, ...] = (
     SpeedTable(
         date="2026-12-02",
@@ -96,81 +98,9 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("numpy", "s256", 4_797_952, 1, 30.99),
             ("futhark-c", "s256", 4_797_952, 1, 12.13),
             ("futhark-multicore", "s256", 4_797_952, 1, 16.62),
-            ("numpy", "learn", 26_816, 32, 1.692),
-            ("futhark-c", "learn", 26_816, 32, 5.456),
-            ("futhark-multicore", "learn", 26_816, 32, 3.347),
-            ("numpy", "tiny", 4_192, 32, 0.6026),
-            ("futhark-c", "tiny", 4_192, 32, 1.589),
-            ("futhark-multicore", "tiny", 4_192, 32, 1.885),
-            ("numpy", "s32", 27_328, 32, 1.83),
-            ("futhark-c", "s32", 27_328, 32, 6.312),
-            ("futhark-multicore", "s32", 27_328, 32, 5.757),
-            ("numpy", "s64", 155_008, 32, 5.667),
-            ("futhark-c", "s64", 155_008, 32, 24.22),
-            ("futhark-multicore", "s64", 155_008, 32, 23.53),
-            ("numpy", "s128", 809_728, 32, 31.93),
-            ("futhark-c", "s128", 809_728, 32, 89.88),
-            ("futhark-multicore", "s128", 809_728, 32, 101.2),
-            ("numpy", "s256", 4_797_952, 32, 551.7),
-            ("futhark-c", "s256", 4_797_952, 32, 508.1),
-            ("futhark-multicore", "s256", 4_797_952, 32, 471.0),
             ("numpy", "gpt2-small", 85_762_560, 1, 1797.0),
             ("futhark-c", "gpt2-small", 85_762_560, 1, 224.0),
             ("futhark-multicore", "gpt2-small", 85_762_560, 1, 261.7),
-        ),
-    ),
-    SpeedTable(
-        date="2026-12-02",
-        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 4.3-4.7)",
-        command="microgpt-gui bench --backends numpy,futhark-c,futhark-multicore --presets s256 --batch 32 "
-                "--sample-names 0 --rounds 3",
-        rows=(
-            ("numpy", "s256", 4_797_952, 32, 114.6),
-            ("futhark-c", "s256", 4_797_952, 32, 424.6),
-            ("futhark-multicore", "s256", 4_797_952, 32, 456.7),
-        ),
-    ),
-    SpeedTable(
-        date="2026-12-02",
-        machine="AMD EPYC, 2 cores, shared (load average 1.0-1.4)",
-        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
-                "--presets learn,tiny,s32,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 1.988),
-            ("futhark-c", "learn", 26_816, 32, 3.401),
-            ("futhark-multicore", "learn", 26_816, 32, 4.871),
-            ("numpy", "tiny", 4_192, 32, 0.828),
-            ("futhark-c", "tiny", 4_192, 32, 0.9701),
-            ("futhark-multicore", "tiny", 4_192, 32, 1.06),
-            ("numpy", "s32", 27_328, 32, 1.643),
-            ("futhark-c", "s32", 27_328, 32, 2.284),
-            ("futhark-multicore", "s32", 27_328, 32, 2.724),
-            ("numpy", "s64", 155_008, 32, 5.236),
-            ("futhark-c", "s64", 155_008, 32, 9.929),
-            ("futhark-multicore", "s64", 155_008, 32, 8.78),
-            ("numpy", "s128", 809_728, 32, 21.24),
-            ("futhark-c", "s128", 809_728, 32, 34.71),
-            ("futhark-multicore", "s128", 809_728, 32, 24.4),
-            ("numpy", "s256", 4_797_952, 32, 67.99),
-            ("futhark-c", "s256", 4_797_952, 32, 153.5),
-            ("futhark-multicore", "s256", 4_797_952, 32, 97.02),
-        ),
-    ),
-    SpeedTable(
-        date="2026-12-02",
-        machine="AMD EPYC, 2 cores, shared (load average 1.0)",
-        command="microgpt-gui bench --backends numpy,futhark-c,futhark-multicore --presets learn,tiny,s32 "
-                "--batch 32 --sample-names 0 --rounds 2 (futhark-multicore on one thread there)",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 1.445),
-            ("futhark-c", "learn", 26_816, 32, 2.368),
-            ("futhark-multicore", "learn", 26_816, 32, 2.337),
-            ("numpy", "tiny", 4_192, 32, 0.5335),
-            ("futhark-c", "tiny", 4_192, 32, 0.6529),
-            ("futhark-multicore", "tiny", 4_192, 32, 0.6308),
-            ("numpy", "s32", 27_328, 32, 1.306),
-            ("futhark-c", "s32", 27_328, 32, 2.154),
-            ("futhark-multicore", "s32", 27_328, 32, 2.299),
         ),
     ),
     SpeedTable(
@@ -179,116 +109,16 @@ SHIPPED: tuple[SpeedTable, ...] = (
         command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
                 "--presets learn,tiny,s32,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
         rows=(
-            ("numpy", "learn", 26_816, 32, 2.553),
-            ("futhark-c", "learn", 26_816, 32, 3.689),
-            ("futhark-multicore", "learn", 26_816, 32, 3.664),
             ("numpy", "tiny", 4_192, 32, 1.087),
             ("futhark-c", "tiny", 4_192, 32, 1.161),
             ("futhark-multicore", "tiny", 4_192, 32, 1.238),
             ("numpy", "s32", 27_328, 32, 2.658),
             ("futhark-c", "s32", 27_328, 32, 3.849),
             ("futhark-multicore", "s32", 27_328, 32, 3.88),
-            ("numpy", "s64", 155_008, 32, 8.198),
-            ("futhark-c", "s64", 155_008, 32, 13.9),
-            ("futhark-multicore", "s64", 155_008, 32, 9.472),
-            ("numpy", "s128", 809_728, 32, 30.56),
-            ("futhark-c", "s128", 809_728, 32, 61.25),
-            ("futhark-multicore", "s128", 809_728, 32, 43.53),
-            ("numpy", "s256", 4_797_952, 32, 105.4),
-            ("futhark-c", "s256", 4_797_952, 32, 334.7),
-            ("futhark-multicore", "s256", 4_797_952, 32, 199.8),
-        ),
-    ),
-    # The batched step as its own program per target, 2 x 2 product tiles
-    # (2026-12-03, afternoon): its rows replace the morning's at these presets.
-    SpeedTable(
-        date="2026-12-03",
-        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.2-1.4)",
-        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
-                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 2.813),
-            ("futhark-c", "learn", 26_816, 32, 3.666),
-            ("futhark-multicore", "learn", 26_816, 32, 3.648),
-            ("numpy", "s64", 155_008, 32, 8.878),
-            ("futhark-c", "s64", 155_008, 32, 13.99),
-            ("futhark-multicore", "s64", 155_008, 32, 8.995),
-            ("numpy", "s128", 809_728, 32, 32.41),
-            ("futhark-c", "s128", 809_728, 32, 64.74),
-            ("futhark-multicore", "s128", 809_728, 32, 35.11),
-            ("numpy", "s256", 4_797_952, 32, 105.7),
-            ("futhark-c", "s256", 4_797_952, 32, 370.4),
-            ("futhark-multicore", "s256", 4_797_952, 32, 194.8),
-        ),
-    ),
-    # The batched step's products by 4 x 2 tiles, compiled uninterleaved
-    # (2026-12-03, evening): its rows replace the afternoon's.
-    SpeedTable(
-        date="2026-12-03",
-        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.2-1.5)",
-        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
-                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 2.827),
-            ("futhark-c", "learn", 26_816, 32, 3.129),
-            ("futhark-multicore", "learn", 26_816, 32, 3.124),
-            ("numpy", "s64", 155_008, 32, 8.483),
-            ("futhark-c", "s64", 155_008, 32, 11.5),
-            ("futhark-multicore", "s64", 155_008, 32, 7.131),
-            ("numpy", "s128", 809_728, 32, 33.45),
-            ("futhark-c", "s128", 809_728, 32, 51.4),
-            ("futhark-multicore", "s128", 809_728, 32, 26.97),
-            ("numpy", "s256", 4_797_952, 32, 111.8),
-            ("futhark-c", "s256", 4_797_952, 32, 285.4),
-            ("futhark-multicore", "s256", 4_797_952, 32, 145.3),
-        ),
-    ),
-    # Transposes read in place, 5 x 2 product tiles (2026-12-03, late): its
-    # rows replace the evening's.
-    SpeedTable(
-        date="2026-12-03",
-        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.3-1.6)",
-        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
-                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 2.636),
-            ("futhark-c", "learn", 26_816, 32, 2.901),
-            ("futhark-multicore", "learn", 26_816, 32, 2.882),
-            ("numpy", "s64", 155_008, 32, 8.553),
-            ("futhark-c", "s64", 155_008, 32, 10.55),
-            ("futhark-multicore", "s64", 155_008, 32, 9.763),
-            ("numpy", "s128", 809_728, 32, 30.25),
-            ("futhark-c", "s128", 809_728, 32, 46.71),
-            ("futhark-multicore", "s128", 809_728, 32, 26.01),
-            ("numpy", "s256", 4_797_952, 32, 103.2),
-            ("futhark-c", "s256", 4_797_952, 32, 242.0),
-            ("futhark-multicore", "s256", 4_797_952, 32, 126.5),
-        ),
-    ),
-    # Tile sums written in place in the sequential program (2026-12-03,
-    # 19:00): its rows replace the late table's.
-    SpeedTable(
-        date="2026-12-03",
-        machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.1-1.4)",
-        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
-                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 2.567),
-            ("futhark-c", "learn", 26_816, 32, 2.354),
-            ("futhark-multicore", "learn", 26_816, 32, 2.412),
-            ("numpy", "s64", 155_008, 32, 7.801),
-            ("futhark-c", "s64", 155_008, 32, 9.166),
-            ("futhark-multicore", "s64", 155_008, 32, 6.422),
-            ("numpy", "s128", 809_728, 32, 28.29),
-            ("futhark-c", "s128", 809_728, 32, 40.54),
-            ("futhark-multicore", "s128", 809_728, 32, 22.16),
-            ("numpy", "s256", 4_797_952, 32, 105.1),
-            ("futhark-c", "s256", 4_797_952, 32, 237.1),
-            ("futhark-multicore", "s256", 4_797_952, 32, 120.6),
         ),
     ),
     # Products by tasks in the multicore program (2026-12-03, 21:00): the
-    # first of that section's two bench runs; its rows replace the 19:00 table's.
+    # first of that section's two bench runs.
     SpeedTable(
         date="2026-12-03",
         machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.3-1.6)",
