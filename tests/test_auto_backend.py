@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,8 +34,8 @@ CPU = ["numpy", "futhark-c", "futhark-multicore"]
 needs_cc = pytest.mark.skipif(cc.find_c_compiler() is None, reason=cc.NO_C_COMPILER)
 
 
-def speed(backend, preset, params, ms, batch=1, source=sp.SHIPPED_SOURCE, date="2026-12-01"):
-    return sp.Speed(backend, preset, params, batch, ms, date, source)
+def speed(backend, preset, params, ms, batch=1, source=sp.SHIPPED_SOURCE, date="2026-12-01", cpu=""):
+    return sp.Speed(backend, preset, params, batch, ms, date, source, cpu=cpu)
 
 
 def table(*rows):
@@ -50,9 +51,9 @@ TABLE = table(
 )
 
 
-def choose(preset, available=CPU, speeds=TABLE, batch=None):
+def choose(preset, available=CPU, speeds=TABLE, batch=None, cpu=None):
     train = preset.train if batch is None else replace(preset.train, batch_size=batch)
-    return choose_backend(preset.model, train, available, speeds=speeds)
+    return choose_backend(preset.model, train, available, speeds=speeds, cpu=cpu)
 
 
 @pytest.fixture
@@ -107,6 +108,54 @@ def test_a_point_comparing_two_available_backends_beats_a_nearer_one_with_one():
     assert "not measured there: cupy" in alone.reason
 
 
+AVX2, AVX512 = "x86-64 AVX2", "x86-64 AVX-512"
+
+
+def test_the_kind_of_cpu_is_its_architecture_and_widest_vector_unit():
+    linux = "flags: fpu sse2 avx fma avx2 bmi2; model name: Intel(R) Xeon(R) Processor"
+    assert sp.cpu_kind(linux, "x86_64") == AVX2
+    assert sp.cpu_kind(linux.replace("bmi2", "avx512f avx512bw"), "x86_64") == AVX512
+    assert sp.cpu_kind("flags: fpu sse2 sse4_2", "x86_64") == "x86-64"
+    # macOS's sysctl features are upper case
+    assert sp.cpu_kind("Intel(R) Core(TM) i9\nFPU SSE2 AVX1.0\nAVX2 AVX512F AVX512BW", "x86_64") == AVX512
+    assert sp.cpu_kind("", "aarch64") == sp.cpu_kind("", "arm64") == "arm64"
+    # this machine's, from its own flags
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), None)
+    if flags is not None:
+        assert sp.this_cpu() == (AVX512 if "avx512f" in flags else AVX2 if "avx2" in flags else "x86-64")
+
+
+# s256 at batch 32 on two kinds of CPU, ranked the other way round
+KINDS = [speed("numpy", "s256", P_S256, 90.0, 32, cpu=AVX2), speed("futhark-multicore", "s256", P_S256, 107.0, 32, cpu=AVX2),
+         speed("numpy", "s256", P_S256, 73.0, 32, cpu=AVX512, date="2026-12-05"),
+         speed("futhark-multicore", "s256", P_S256, 60.0, 32, cpu=AVX512, date="2026-12-05")]
+
+
+def test_the_figures_of_this_kind_of_cpu_decide():
+    assert choose(S256, speeds=KINDS, batch=32, cpu=AVX2).backend == "numpy"
+    here = choose(S256, speeds=KINDS, batch=32, cpu=AVX512)
+    assert here.backend == "futhark-multicore"
+    assert here.reason.startswith("60 ms/step at s256, batch 32 against numpy's 73; measured 2026-12-05, shipped table;")
+    # a kind the table lacks: both as far, the newer figures decide, and the reason says whose they are
+    other = choose(S256, speeds=KINDS, batch=32, cpu="arm64")
+    assert other.backend == "futhark-multicore"
+    assert "; measured 2026-12-05, shipped table, on x86-64 AVX-512 (this CPU: arm64);" in other.reason
+
+
+def test_another_kinds_figures_at_the_models_batch_beat_this_kinds_at_another_batch_but_not_another_preset():
+    # batch 1 on an AVX2 machine: the AVX-512 machine's batch-1 figures, not AVX2's at batch 32
+    b1 = [speed("numpy", "s256", P_S256, 31.0, cpu=AVX512), speed("futhark-c", "s256", P_S256, 12.0, cpu=AVX512)]
+    choice = choose(S256, speeds=KINDS + b1, cpu=AVX2)
+    assert choice.backend == "futhark-c"
+    assert "on x86-64 AVX-512 (this CPU: x86-64 AVX2)" in choice.reason
+    # s128 at batch 32 on AVX-512: this kind's s256 (ln 5.9 away) rather than AVX2's s128 itself (ln 8)
+    s128 = [speed("numpy", "s128", P_S128, 26.0, 32, cpu=AVX2), speed("futhark-c", "s128", P_S128, 20.0, 32, cpu=AVX2)]
+    assert choose(S128, speeds=KINDS + s128, batch=32, cpu=AVX512).backend == "futhark-multicore"
+    assert choose(S128, speeds=KINDS + s128, batch=32, cpu=AVX2).backend == "futhark-c"
+
+
 def test_no_figures_at_all_choose_numpy_and_say_so():
     choice = choose(S256, available=["cupy", "numpy"], speeds=[])
     assert choice.backend == "numpy" and choice.built and choice.now == "numpy"
@@ -126,31 +175,47 @@ def at(day: int) -> datetime.datetime:
 
 def test_each_shipped_configuration_has_one_row_and_every_table_a_row():
     """A run that measures a configuration again replaces its row, so no shipped row is dead."""
-    keys = [(b, preset, batch) for table in sp.SHIPPED for b, preset, _, batch, _ in table.rows]
+    keys = [(b, preset, batch, table.cpu) for table in sp.SHIPPED for b, preset, _, batch, _ in table.rows]
     assert len(keys) == len(set(keys))
     assert all(table.rows for table in sp.SHIPPED)
+    # each table says which kind of CPU it was measured on, as cpu_kind names them
+    assert {table.cpu for table in sp.SHIPPED} <= {"x86-64 AVX-512", "x86-64 AVX2", "x86-64", "arm64"}
     assert len(sp.shipped_speeds()) == len(keys)
 
 
 def test_the_users_measurement_on_this_machine_overrides_the_shipped_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(sp, "SHIPPED", (sp.SpeedTable("2026-11-30", "m", "bench", (("numpy", "s256", P_S256, 1, 1.0),)),
-                                        sp.SpeedTable("2026-12-01", "m", "bench", tuple(
-                                            (s.backend, s.preset, s.params, s.batch, s.ms_per_step) for s in TABLE))))
+    rows = tuple((s.backend, s.preset, s.params, s.batch, s.ms_per_step) for s in TABLE)
+    monkeypatch.setattr(sp, "SHIPPED", (sp.SpeedTable("2026-11-30", "m", "bench", (("numpy", "s256", P_S256, 1, 1.0),),
+                                                      cpu=AVX2),
+                                        sp.SpeedTable("2026-12-01", "m", "bench", rows, cpu=AVX2),
+                                        sp.SpeedTable("2026-12-01", "m2", "bench", rows, cpu=AVX512)))
     records = tmp_path / "speeds.json"
     assert sp.record_bench([bench_row("numpy", "s256", 7.0), bench_row("futhark-c", "tiny", 0.2)], ["bench"],
-                           records, machine="here", now=at(2)) == 2
-    sp.record_bench([bench_row("numpy", "s256", 5.0)], ["bench"], records, machine="here", now=at(3))
+                           records, machine="here", now=at(2), cpu=AVX2) == 2
+    sp.record_bench([bench_row("numpy", "s256", 5.0)], ["bench"], records, machine="here", now=at(3), cpu=AVX2)
     sp.record_bench([bench_row("numpy", "s256", 4.0)], ["bench"], records, machine="over there", now=at(4))
-    speeds = sp.all_speeds(records, machine="here")
-    choice = choose(S256, speeds=speeds)  # numpy's 5.0 of Dec 3 here, not 16 (shipped) nor 4.0 (elsewhere)
+    speeds = sp.all_speeds(records, machine="here", cpu=AVX2)
+    # this kind's shipped numpy row is replaced, the other kind's kept
+    assert sorted(s.ms_per_step for s in speeds if (s.backend, s.preset, s.batch) == ("numpy", "s256", 1)) == [5.0, 16.0]
+    choice = choose(S256, speeds=speeds, cpu=AVX2)  # numpy's 5.0 of Dec 3 here, not 16 (shipped) nor 4.0 (elsewhere)
     assert choice.backend == "numpy"
     assert choice.reason == ("5 ms/step at s256 against futhark-multicore's 6 and futhark-c's 9; "
                              "measured 2026-12-03, bench here; 2026-12-01, shipped table")
-    assert choose(TINY, speeds=speeds).ranking == ("futhark-multicore", "futhark-c", "numpy")
+    assert choose(TINY, speeds=speeds, cpu=AVX2).ranking == ("futhark-multicore", "futhark-c", "numpy")
     # the file holds the newest per (backend, preset, batch, machine)
     kept = json.loads(records.read_text())["records"]
     assert sorted((r["backend"], r["preset"], r["machine"], r["ms_per_step"]) for r in kept) == [
         ("futhark-c", "tiny", "here", 0.2), ("numpy", "s256", "here", 5.0), ("numpy", "s256", "over there", 4.0)]
+    assert [r["cpu"] for r in kept if r["machine"] == "here"] == [AVX2, AVX2]
+
+
+def test_a_record_from_before_kinds_of_cpu_were_noted_is_of_this_machines_kind(tmp_path):
+    records = tmp_path / "speeds.json"
+    sp.record_bench([bench_row("numpy", "tiny", 0.5)], ["bench"], records, machine="here", now=at(2), cpu=AVX512)
+    doc = json.loads(records.read_text())
+    del doc["records"][0]["cpu"]
+    records.write_text(json.dumps(doc))
+    assert [s.cpu for s in sp.measured_speeds(records, machine="here", cpu=AVX2)] == [AVX2]
 
 
 def test_a_damaged_records_file_counts_as_none_and_the_next_bench_rewrites_it(tmp_path):
@@ -176,7 +241,10 @@ def test_bench_records_its_rows_for_the_automatic_choice(tmp_path, monkeypatch, 
     assert sorted(mine) == sorted(printed) == ["s32", "tiny"]
     assert all(abs(mine[preset].ms_per_step - printed[preset]) <= 0.0005 + 1e-9 for preset in printed)
     assert mine["tiny"].params == get_preset("tiny").model.num_params(Corpus.from_file(data).vocab_size)
-    assert mine["tiny"].machine == sp.this_machine()
+    assert mine["tiny"].machine == sp.this_machine() and mine["tiny"].cpu == sp.this_cpu()
+    # the kind of CPU the figures are of, in bench's first words
+    assert any(line.startswith("machine: ") and f" ({sp.this_cpu()}), {os.cpu_count()} cores; " in line
+               for line in out.splitlines())
 
 
 # built or not, and the background build -----------------------------------------
@@ -360,7 +428,10 @@ def test_the_shipped_tables_rows_are_printed_from_bench_json_at_each_fastest_rou
             bench_row("futhark-c", "tiny", 0.0580812),
             replace(bench_row("futhark-c", "s64", 1.0), status="error"),
             bench_row("numpy", "learn", 4.3, target_loss=2.05)]  # bench --to-loss: not a step time
-    write_json(tmp_path / "bench.json", rows, ["microgpt-gui", "bench"], {})
+    write_json(tmp_path / "bench.json", rows, ["microgpt-gui", "bench"], {"cpu_kind": AVX512})
+    write_json(tmp_path / "old.json", rows, ["microgpt-gui", "bench"], {})  # from before kinds were noted
+    assert sp.table_cpus([tmp_path / "bench.json"]) == [AVX512]
+    assert sp.table_cpus([tmp_path / "bench.json", tmp_path / "old.json"]) == [AVX512, ""]
     printed = sp.table_rows([tmp_path / "bench.json"])
     assert [eval(line.strip().rstrip(",")) for line in printed] == [
         ("numpy", "s256", P_S256, 32, 30.99), ("futhark-c", "tiny", P_TINY, 1, 0.05808)]

@@ -13,6 +13,7 @@ import pytest
 import engine
 from cli_support import run_in_process as run, write_lines
 from engine.backends import _REGISTRY
+from engine.backends.speeds import this_cpu
 
 
 def test_bench_builds_each_futhark_library_first_and_says_so(monkeypatch, capsys):
@@ -72,6 +73,7 @@ def test_bench_writes_json(tmp_path, capsys):
     doc = json.loads(report.read_text(encoding="utf-8"))
     assert doc["command"][:2] == ["microgpt-gui", "bench"]
     assert doc["machine"]["numpy"] == np.__version__ and doc["machine"]["cores"] >= 1
+    assert doc["machine"]["cpu_kind"] == this_cpu()  # what a shipped table of these figures is keyed by
     [row] = doc["results"]
     assert (row["backend"], row["preset"], row["status"]) == ("numpy", "tiny", "ok")
     assert row["params"] == 2 * vocab * 16 + 16 * 16 + 12 * 16 * 16  # wte, lm_head, wpe, one layer

@@ -11,9 +11,13 @@ worst), and engine.backends.prebuild.start_build builds the other in the
 background for the next run.
 
 The rule, for a model of P parameters trained on B documents per step: every
-measured (preset, batch) point is at distance |ln(p/P)| + |ln(b/B)| from it;
-the nearest point at which at least two of the available backends were
-measured decides (else the nearest with one), and there the backend with the
+measured (preset, batch, kind of CPU) point is at distance |ln(p/P)| + |ln(b/B)|
+from it, plus ln 8 where its kind of CPU (speeds.cpu_kind: AVX-512 or AVX2 on
+x86-64) is not this machine's (which backend is fastest turns on the vector
+unit: with AVX-512, NumPy's BLAS multiplies 16 floats at a time, the Futhark C
+as clang compiles it 8); the nearest point at
+which at least two of the available backends were measured decides (else the
+nearest with one; of two as near, the newer), and there the backend with the
 lowest ms/step wins. Available backends without a figure there are named in
 the reason; so is a backend left out because its last build failed.
 """
@@ -25,11 +29,15 @@ from typing import Iterable
 
 from ..config import ModelConfig, TrainConfig
 from . import prebuild
-from .speeds import SHIPPED_SOURCE, Speed, all_speeds
+from .speeds import SHIPPED_SOURCE, Speed, all_speeds, this_cpu
 
 AUTO = "auto"
 DEFAULT_BACKEND = "numpy"  # with no figures at all: it runs everywhere and needs no build
 NAMES_VOCAB = 27  # names.txt's vocabulary: the shipped table's parameter counts are at it
+# A figure from another kind of CPU counts as far as one from a model 8 times larger or
+# smaller: farther than the next preset (they are 5 to 6 times apart), nearer than a
+# figure at batch 32 for a model trained at batch 1 (32 times).
+OTHER_CPU_DISTANCE = math.log(8)
 
 
 @dataclass(frozen=True)
@@ -70,8 +78,9 @@ def _names(available) -> list[str]:
     return names
 
 
-def _distance(speed: Speed, params: int, batch: int) -> float:
-    return abs(math.log(speed.params / params)) + abs(math.log(speed.batch / batch))
+def _distance(speed: Speed, params: int, batch: int, cpu: str) -> float:
+    other = OTHER_CPU_DISTANCE if speed.cpu != cpu else 0.0
+    return abs(math.log(speed.params / params)) + abs(math.log(speed.batch / batch)) + other
 
 
 def _figure(ms: float) -> str:
@@ -91,40 +100,46 @@ def _nearest_note(point: Speed, params: int, batch: int) -> str:
     return f": the measured point nearest this model, {model} at batch {batch}"
 
 
-def _sources(speeds: list[Speed]) -> str:
-    """"measured 2026-12-02, shipped table", or "measured 2026-12-03, bench here; 2026-12-02, shipped table"."""
+def _sources(speeds: list[Speed], cpu: str) -> str:
+    """"measured 2026-12-02, shipped table", or "measured 2026-12-03, bench here; 2026-12-02, shipped table";
+    a shipped figure of another kind of CPU says so ("..., shipped table, on x86-64 AVX2 (this CPU: arm64)")."""
     labels = []
     for s in speeds:
         label = f"{s.date[:10]}, shipped table" if s.source == SHIPPED_SOURCE else f"{s.date[:10]}, bench here"
+        if s.cpu and s.cpu != cpu:
+            label += f", on {s.cpu} (this CPU: {cpu})"
         if label not in labels:
             labels.append(label)
     return "measured " + "; ".join(labels)
 
 
-def rank(speeds: Iterable[Speed], backends: list[str], params: int, batch: int) -> list[Speed]:
-    """The figures at the nearest measured point (the module's rule), fastest first; [] if none."""
+def rank(speeds: Iterable[Speed], backends: list[str], params: int, batch: int, cpu: str = "") -> list[Speed]:
+    """The figures at the nearest measured point (the module's rule) for this kind of CPU,
+    fastest first; [] if none."""
     mine = [s for s in speeds if s.backend in backends]
-    points: dict[tuple[str, int], list[Speed]] = {}
+    points: dict[tuple[str, int, str], list[Speed]] = {}
     for s in mine:
-        points.setdefault((s.preset, s.batch), []).append(s)
+        points.setdefault((s.preset, s.batch, s.cpu), []).append(s)
     if not points:
         return []
 
     def nearness(key):
         rows = points[key]
-        return (len({s.backend for s in rows}) < 2, min(_distance(s, params, batch) for s in rows), key)
+        return (len({s.backend for s in rows}) < 2, min(_distance(s, params, batch, cpu) for s in rows))
 
-    rows = points[min(points, key=nearness)]
+    # min keeps the first of equals: the newest figures
+    newest_first = sorted(points, key=lambda key: (max(s.date for s in points[key]), key), reverse=True)
+    rows = points[min(newest_first, key=nearness)]
     return sorted(rows, key=lambda s: (s.ms_per_step, s.backend))
 
 
 def choose_backend(model: ModelConfig, train: TrainConfig, available=None, *, vocab_size: int = NAMES_VOCAB,
-                   speeds: list[Speed] | None = None) -> Choice:
+                   speeds: list[Speed] | None = None, cpu: str | None = None) -> Choice:
     """The fastest of `available` (engine.backends.list_backends() rows, or names;
     default: every backend that can run here) for this model and batch size, from
     `speeds` (default: the shipped table and this machine's bench figures), with
     the reason and whether it is built yet. vocab_size: the dataset's, for the
-    model's parameter count."""
+    model's parameter count; cpu: this machine's kind of CPU (speeds.cpu_kind)."""
     if available is None:
         from . import list_backends
 
@@ -140,7 +155,8 @@ def choose_backend(model: ModelConfig, train: TrainConfig, available=None, *, vo
     if not names:
         raise ValueError("no backend can run here" + "".join(f"; {n}: {why}" for n, why in failed.items()))
     params, batch = model.num_params(vocab_size), train.batch_size
-    ranked = rank(all_speeds() if speeds is None else speeds, names, params, batch)
+    cpu = this_cpu() if cpu is None else cpu
+    ranked = rank(all_speeds() if speeds is None else speeds, names, params, batch, cpu)
     if ranked:
         best, others = ranked[0], ranked[1:]
         reason = f"{_figure(best.ms_per_step)} ms/step at {_where(best, batch)}"
@@ -148,7 +164,7 @@ def choose_backend(model: ModelConfig, train: TrainConfig, available=None, *, vo
             reason += " against " + " and ".join(f"{s.backend}'s {_figure(s.ms_per_step)}" for s in others)
         else:
             reason += ", the only backend here measured there"
-        reason += f"{_nearest_note(best, params, batch)}; {_sources(ranked)}"
+        reason += f"{_nearest_note(best, params, batch)}; {_sources(ranked, cpu)}"
         unmeasured = [n for n in names if n not in {s.backend for s in ranked}]
         if unmeasured:
             reason += f"; not measured there: {', '.join(unmeasured)} (microgpt-gui bench measures them)"

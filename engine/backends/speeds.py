@@ -4,12 +4,16 @@ bench records in the user's data folder. engine.backends.choice picks the
 fastest available backend from them ("auto").
 
 The shipped figures are SHIPPED below: one SpeedTable per bench run (its date,
-machine and command) holding the rows of it still current, one per measured
-configuration (where two tables held the same (backend, preset, batch), the
-later would win). To update them after a kernel change, run the command on a
+machine, kind of CPU and command) holding the rows of it still current, one
+per measured configuration and kind of CPU (where two tables held the same
+(backend, preset, batch) on one kind, the later would win). Which backend is
+fastest depends on the CPU's vector unit (with AVX-512, NumPy's and PyTorch's
+BLAS multiply 16 floats at a time, the Futhark C as clang compiles it 8), so a
+figure carries its kind of CPU (cpu_kind) and the choice prefers this kind's. To update them after a kernel change, run the command on a
 quiet machine with `--json FILE`, then `python -m engine.backends.speeds FILE
-[FILE...]` prints the rows to paste here as a new table (date, machine and
-command to match); delete the rows it replaces, and a table left empty.
+[FILE...]` prints the rows to paste here as a new table, and its kind of CPU
+(date, machine and command to match); delete the rows it replaces (the same
+configuration on the same kind of CPU), and a table left empty.
 docs/backends.md ("The automatic choice") says how the choice reads them.
 """
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..data.corpus import user_data_dir
@@ -43,6 +48,7 @@ class Speed:
     source: str       # SHIPPED_SOURCE or BENCH_SOURCE
     load: float | None = None  # the 1-minute load average while it ran, where known
     machine: str = ""  # "Intel(R) Xeon(R) Processor, 2 cores"
+    cpu: str = ""      # cpu_kind() of that machine: "x86-64 AVX-512"; "" where unknown
 
     @property
     def names_per_s(self) -> float:
@@ -56,51 +62,84 @@ class SpeedTable:
     machine: str
     command: str
     rows: tuple[tuple[str, str, int, int, float], ...]  # (backend, preset, params, batch, ms/step)
+    cpu: str = ""  # cpu_kind() of the machine
 
     def speeds(self) -> list[Speed]:
-        return [Speed(backend, preset, params, batch, ms, self.date, SHIPPED_SOURCE, machine=self.machine)
+        return [Speed(backend, preset, params, batch, ms, self.date, SHIPPED_SOURCE, machine=self.machine,
+                      cpu=self.cpu)
                 for backend, preset, params, batch, ms in self.rows]
 
 
 # The rows still current, by the bench run that measured them, each
-# configuration's fastest round (table_rows). When a run measures a
-# configuration again, its row replaces the earlier one here, and a run left
-# with no rows goes; docs/performance.md keeps every run's figures ("The
-# automatic choice's table" and the sections it links). The first table: one
-# name per step and gpt2-small, on a shared Intel Xeon (load average 3.8 to
-# 5.9) with the kernel from before issue 28's batched step (its batch-32 rows
-# since replaced); the second: batch 32 at tiny and s32, on the kernel of
-# 2026-12-03 (4 x 2 product tiles) on a Zen 2 machine; the third: batch 32
-# at learn, s64, s128 and s256, on the kernel of 2026-12-03, 21:00.
+# configuration's fastest round (table_rows), per kind of CPU. When a run
+# measures a configuration again on the same kind of CPU, its row replaces the
+# earlier one here, and a run left with no rows goes; docs/performance.md keeps
+# every run's figures ("The automatic choice's table" and the sections it
+# links). x86-64 AVX-512: one name per step (gpt2-small included) and batch 32,
+# on a 2-core Intel Xeon, on the kernel of 2026-12-03, 21:00 (these replace the
+# first table's rows of 2026-12-02, from a Xeon under a load of 3.8 to 5.9).
+# x86-64 AVX2: batch 32, on a 2-core AMD EPYC (Zen 2): tiny and s32 on the
+# kernel of 2026-12-03 (4 x 2 product tiles), learn to s256 on that of
+# 2026-12-03, 21:00. PyTorch's rows are not shipped: it is a comparison in
+# bench, not a backend to choose.
 SHIPPED: tuple[SpeedTable, ...] = (
     SpeedTable(
-        date="2026-12-02",
-        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 3.8-5.9)",
-        command="microgpt-gui bench --backends numpy,futhark-c,futhark-multicore "
-                "--presets learn,tiny,s32,s64,s128,s256 --batch 1,32 --sample-names 0 --rounds 2; "
-                "the same with --presets gpt2-small --batch 1",
+        date="2026-12-05",
+        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 0.6-1.4)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,tiny,s32,s64,s128,s256,gpt2-small --batch 1 --sample-names 0 --rounds 2 "
+                "(learn to s128; s256 and gpt2-small from a second run of --presets s256,gpt2-small)",
+        cpu="x86-64 AVX-512",
         rows=(
-            ("numpy", "learn", 26_816, 1, 0.477),
-            ("futhark-c", "learn", 26_816, 1, 0.4334),
-            ("futhark-multicore", "learn", 26_816, 1, 0.4206),
-            ("numpy", "tiny", 4_192, 1, 0.146),
-            ("futhark-c", "tiny", 4_192, 1, 0.0581),
-            ("futhark-multicore", "tiny", 4_192, 1, 0.0656),
-            ("numpy", "s32", 27_328, 1, 0.3902),
-            ("futhark-c", "s32", 27_328, 1, 0.2742),
-            ("futhark-multicore", "s32", 27_328, 1, 0.2689),
-            ("numpy", "s64", 155_008, 1, 1.644),
-            ("futhark-c", "s64", 155_008, 1, 1.181),
-            ("futhark-multicore", "s64", 155_008, 1, 0.9979),
-            ("numpy", "s128", 809_728, 1, 9.856),
-            ("futhark-c", "s128", 809_728, 1, 1.931),
-            ("futhark-multicore", "s128", 809_728, 1, 1.999),
-            ("numpy", "s256", 4_797_952, 1, 30.99),
-            ("futhark-c", "s256", 4_797_952, 1, 12.13),
-            ("futhark-multicore", "s256", 4_797_952, 1, 16.62),
-            ("numpy", "gpt2-small", 85_762_560, 1, 1797.0),
-            ("futhark-c", "gpt2-small", 85_762_560, 1, 224.0),
-            ("futhark-multicore", "gpt2-small", 85_762_560, 1, 261.7),
+            ("numpy", "learn", 26_816, 1, 0.4009),
+            ("futhark-c", "learn", 26_816, 1, 0.3505),
+            ("futhark-multicore", "learn", 26_816, 1, 0.3542),
+            ("numpy", "tiny", 4_192, 1, 0.1298),
+            ("futhark-c", "tiny", 4_192, 1, 0.0547),
+            ("futhark-multicore", "tiny", 4_192, 1, 0.0571),
+            ("numpy", "s32", 27_328, 1, 0.3238),
+            ("futhark-c", "s32", 27_328, 1, 0.2243),
+            ("futhark-multicore", "s32", 27_328, 1, 0.2245),
+            ("numpy", "s64", 155_008, 1, 0.9806),
+            ("futhark-c", "s64", 155_008, 1, 0.8521),
+            ("futhark-multicore", "s64", 155_008, 1, 0.8514),
+            ("numpy", "s128", 809_728, 1, 3.089),
+            ("futhark-c", "s128", 809_728, 1, 1.895),
+            ("futhark-multicore", "s128", 809_728, 1, 1.851),
+            ("numpy", "s256", 4_797_952, 1, 21.74),
+            ("futhark-c", "s256", 4_797_952, 1, 10.37),
+            ("futhark-multicore", "s256", 4_797_952, 1, 7.586),
+            ("numpy", "gpt2-small", 85_762_560, 1, 318.2),
+            ("futhark-c", "gpt2-small", 85_762_560, 1, 210.1),
+            ("futhark-multicore", "gpt2-small", 85_762_560, 1, 117.1),
+        ),
+    ),
+    SpeedTable(
+        date="2026-12-05",
+        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 0.7-1.5)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2; "
+                "the same with --presets tiny,s32",
+        cpu="x86-64 AVX-512",
+        rows=(
+            ("numpy", "tiny", 4_192, 32, 0.5303),
+            ("futhark-c", "tiny", 4_192, 32, 0.6388),
+            ("futhark-multicore", "tiny", 4_192, 32, 0.6394),
+            ("numpy", "s32", 27_328, 32, 1.55),
+            ("futhark-c", "s32", 27_328, 32, 2.138),
+            ("futhark-multicore", "s32", 27_328, 32, 2.177),
+            ("numpy", "learn", 26_816, 32, 1.508),
+            ("futhark-c", "learn", 26_816, 32, 2.042),
+            ("futhark-multicore", "learn", 26_816, 32, 2.032),
+            ("numpy", "s64", 155_008, 32, 4.389),
+            ("futhark-c", "s64", 155_008, 32, 7.783),
+            ("futhark-multicore", "s64", 155_008, 32, 6.692),
+            ("numpy", "s128", 809_728, 32, 19.69),
+            ("futhark-c", "s128", 809_728, 32, 36.99),
+            ("futhark-multicore", "s128", 809_728, 32, 23.6),
+            ("numpy", "s256", 4_797_952, 32, 72.82),
+            ("futhark-c", "s256", 4_797_952, 32, 198.3),
+            ("futhark-multicore", "s256", 4_797_952, 32, 117.0),
         ),
     ),
     SpeedTable(
@@ -108,6 +147,7 @@ SHIPPED: tuple[SpeedTable, ...] = (
         machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.0-1.4)",
         command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
                 "--presets learn,tiny,s32,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        cpu="x86-64 AVX2",
         rows=(
             ("numpy", "tiny", 4_192, 32, 1.087),
             ("futhark-c", "tiny", 4_192, 32, 1.161),
@@ -124,6 +164,7 @@ SHIPPED: tuple[SpeedTable, ...] = (
         machine="AMD EPYC (Zen 2, AVX2), 2 cores, shared (load average 1.3-1.6)",
         command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
                 "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
+        cpu="x86-64 AVX2",
         rows=(
             ("numpy", "learn", 26_816, 32, 2.49),
             ("futhark-c", "learn", 26_816, 32, 2.33),
@@ -143,12 +184,35 @@ SHIPPED: tuple[SpeedTable, ...] = (
 
 
 def shipped_speeds() -> list[Speed]:
-    """Every shipped figure, the later table's where two measured the same configuration."""
-    newest: dict[tuple[str, str, int], Speed] = {}
+    """Every shipped figure, the later table's where two measured the same configuration
+    on the same kind of CPU."""
+    newest: dict[tuple[str, str, int, str], Speed] = {}
     for table in SHIPPED:
         for speed in table.speeds():
-            newest[(speed.backend, speed.preset, speed.batch)] = speed
+            newest[(speed.backend, speed.preset, speed.batch, speed.cpu)] = speed
     return list(newest.values())
+
+
+# what decides the ranking: the CPU's kind --------------------------------------
+
+AVX512, AVX2 = "AVX-512", "AVX2"
+
+
+def cpu_kind(description: str | None = None, arch: str | None = None) -> str:
+    """The kind of CPU whose figures apply here: its architecture and, on x86-64, its
+    widest vector unit ("x86-64 AVX-512", "x86-64 AVX2", "x86-64", "arm64").
+    description: the CPU's feature flags as engine.futhark.cc.cpu_description gives
+    them (default: this machine's); arch: platform.machine() (default: this one's)."""
+    arch = (platform.machine() if arch is None else arch).lower()
+    if arch in ("x86_64", "amd64", "x64"):
+        if description is None:
+            from ..futhark.cc import cpu_description  # reads /proc/cpuinfo or sysctl; nothing heavy
+
+            description = cpu_description()
+        flags = set(description.lower().replace(";", " ").replace(":", " ").split())
+        widest = AVX512 if "avx512f" in flags else AVX2 if "avx2" in flags else ""
+        return f"x86-64 {widest}".strip()
+    return {"aarch64": "arm64"}.get(arch, arch or "unknown")
 
 
 # the user's measurements ------------------------------------------------------
@@ -165,6 +229,17 @@ def this_machine() -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
+_THIS_CPU: str | None = None
+
+
+def this_cpu() -> str:
+    """cpu_kind() of this machine (read once)."""
+    global _THIS_CPU
+    if _THIS_CPU is None:
+        _THIS_CPU = cpu_kind()
+    return _THIS_CPU
+
+
 def _read_records(path: Path) -> list[dict]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -178,15 +253,18 @@ def _speed(record: dict) -> Speed | None:
     try:
         speed = Speed(str(record["backend"]), str(record["preset"]), int(record["params"]), int(record["batch"]),
                       float(record["ms_per_step"]), str(record["date"]), BENCH_SOURCE,
-                      None if record.get("load") is None else float(record["load"]), str(record["machine"]))
+                      None if record.get("load") is None else float(record["load"]), str(record["machine"]),
+                      str(record.get("cpu", "")))
     except (KeyError, TypeError, ValueError):
         return None
     return speed if speed.ms_per_step > 0 and speed.batch >= 1 and speed.params >= 1 else None
 
 
-def measured_speeds(path: Path | None = None, machine: str | None = None) -> list[Speed]:
-    """This machine's bench measurements, the newest for each (backend, preset, batch)."""
+def measured_speeds(path: Path | None = None, machine: str | None = None, cpu: str | None = None) -> list[Speed]:
+    """This machine's bench measurements, the newest for each (backend, preset, batch),
+    each of this machine's kind of CPU (cpu; default this_cpu())."""
     machine = this_machine() if machine is None else machine
+    cpu = this_cpu() if cpu is None else cpu
     newest: dict[tuple[str, str, int], Speed] = {}
     for record in _read_records(path or records_path()):
         speed = _speed(record)
@@ -195,28 +273,30 @@ def measured_speeds(path: Path | None = None, machine: str | None = None) -> lis
         key = (speed.backend, speed.preset, speed.batch)
         if key not in newest or speed.date >= newest[key].date:
             newest[key] = speed
-    return list(newest.values())
+    # records from before they noted the kind are of this machine, so of its kind
+    return [s if s.cpu else replace(s, cpu=cpu) for s in newest.values()]
 
 
-def all_speeds(path: Path | None = None, machine: str | None = None) -> list[Speed]:
-    """The shipped table, with this machine's own measurement in place of a shipped row
-    wherever bench measured the same (backend, preset, batch)."""
-    mine = measured_speeds(path, machine)
-    measured = {(s.backend, s.preset, s.batch) for s in mine}
-    return [s for s in shipped_speeds() if (s.backend, s.preset, s.batch) not in measured] + mine
+def all_speeds(path: Path | None = None, machine: str | None = None, cpu: str | None = None) -> list[Speed]:
+    """The shipped table, with this machine's own measurement in place of the shipped row
+    of this kind of CPU wherever bench measured the same (backend, preset, batch)."""
+    mine = measured_speeds(path, machine, cpu)
+    measured = {(s.backend, s.preset, s.batch, s.cpu) for s in mine}
+    return [s for s in shipped_speeds() if (s.backend, s.preset, s.batch, s.cpu) not in measured] + mine
 
 
 def record_bench(results, command: list[str], path: Path | None = None, machine: str | None = None,
-                 now: datetime.datetime | None = None) -> int:
+                 now: datetime.datetime | None = None, cpu: str | None = None) -> int:
     """Add bench's timed rows (engine.bench.timing.BenchResult, status "ok") to the
     user's measurements, replacing older ones of the same (backend, preset, batch) on
     this machine; returns how many were recorded. Under a file lock, written whole
     and renamed into place: two bench runs at once never leave a damaged file."""
     machine = this_machine() if machine is None else machine
+    cpu = this_cpu() if cpu is None else cpu
     when = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     new = [{"backend": r.backend, "preset": r.preset, "params": r.params, "batch": r.batch,
             "ms_per_step": round(r.ms_per_step, 6), "date": when, "load": r.load_avg, "machine": machine,
-            "command": " ".join(command)}
+            "cpu": cpu, "command": " ".join(command)}
            for r in results if r.status == "ok" and r.ms_per_step > 0 and r.target_loss is None]
     if not new:
         return 0
@@ -248,7 +328,21 @@ def table_rows(bench_json: list[Path]) -> list[str]:
     return rows
 
 
+def table_cpus(bench_json: list[Path]) -> list[str]:
+    """The kinds of CPU the `bench --json` files were measured on (a SpeedTable's cpu)."""
+    kinds = []
+    for path in bench_json:
+        kind = json.loads(Path(path).read_text(encoding="utf-8")).get("machine", {}).get("cpu_kind", "")
+        if kind not in kinds:
+            kinds.append(kind)
+    return kinds
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: python -m engine.backends.speeds BENCH.json [BENCH.json ...]")
-    print("\n".join(table_rows([Path(p) for p in sys.argv[1:]])))
+    files = [Path(p) for p in sys.argv[1:]]
+    kinds = table_cpus(files)
+    print(f"    # cpu={kinds[0]!r}" if len(kinds) == 1 and kinds[0] else
+          f"    # kinds of CPU: {', '.join(k or 'not recorded' for k in kinds)} (one table per kind)")
+    print("\n".join(table_rows(files)))

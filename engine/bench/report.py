@@ -112,9 +112,12 @@ def numpy_blas() -> str:
 
 def machine_info(with_torch: bool = True) -> dict:
     """Where the numbers come from (importing PyTorch takes seconds: only when asked)."""
+    from ..backends.speeds import this_cpu
+
     info = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
+        "cpu_kind": this_cpu(),  # what the automatic choice's figures are keyed by
         "platform": platform.platform(),
         "python": platform.python_version(),
         "numpy": np.__version__,

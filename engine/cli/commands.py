@@ -358,7 +358,7 @@ def run_benchmark(args, argv: list[str]) -> int:
     build_futhark_first([name for name, (available, _) in status.items() if available], presets, args.batch,
                         corpus.vocab_size)
     info = bench_report.machine_info(with_torch=bench.TORCH in backends)
-    print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, "
+    print(f"machine: {info['cpu']} ({info['cpu_kind']}), {info['cores']} cores; Python {info['python']}, "
           f"NumPy {info['numpy']} ({info['numpy_blas']})" + (f", PyTorch {info['torch']}" if info.get("torch") else ""))
     if args.to_loss is not None:
         goal = bench_loss.ToLoss(args.to_loss, args.time_limit or bench_loss.DEFAULT_TIME_LIMIT_S, args.run_steps)
