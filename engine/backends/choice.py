@@ -11,15 +11,15 @@ worst), and engine.backends.prebuild.start_build builds the other in the
 background for the next run.
 
 The rule, for a model of P parameters trained on B documents per step: every
-measured (preset, batch, kind of CPU) point is at distance |ln(p/P)| + |ln(b/B)|
-from it, plus ln 8 where its kind of CPU (speeds.cpu_kind: AVX-512 or AVX2 on
-x86-64) is not this machine's (which backend is fastest turns on the vector
-unit: with AVX-512, NumPy's BLAS multiplies 16 floats at a time, the Futhark C
-as clang compiles it 8); the nearest point at
-which at least two of the available backends were measured decides (else the
-nearest with one; of two as near, the newer), and there the backend with the
-lowest ms/step wins. Available backends without a figure there are named in
-the reason; so is a backend left out because its last build failed.
+measured (preset, batch, kind of CPU) point is at distance |ln(p/P)| +
+|ln(b/B)| from it, plus ln 8 where its kind of CPU (speeds.cpu_kind: AVX-512 or
+AVX2 on x86-64) is not this machine's (which backend is fastest turns on the
+vector unit: with AVX-512, NumPy's BLAS multiplies 16 floats at a time, the
+Futhark C as clang compiles it 8); the nearest point at which at least two of
+the available backends were measured decides (else the nearest with one; of two
+as near, the newer), and there the backend with the lowest ms/step wins.
+Available backends without a figure there are named in the reason; so is a
+backend left out because its last build failed.
 """
 from __future__ import annotations
 

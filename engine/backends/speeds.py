@@ -4,16 +4,17 @@ bench records in the user's data folder. engine.backends.choice picks the
 fastest available backend from them ("auto").
 
 The shipped figures are SHIPPED below: one SpeedTable per bench run (its date,
-machine, kind of CPU and command) holding the rows of it still current, one
-per measured configuration and kind of CPU (where two tables held the same
+machine, kind of CPU and command) holding the rows of it still current, one per
+measured configuration and kind of CPU (where two tables held the same
 (backend, preset, batch) on one kind, the later would win). Which backend is
 fastest depends on the CPU's vector unit (with AVX-512, NumPy's and PyTorch's
 BLAS multiply 16 floats at a time, the Futhark C as clang compiles it 8), so a
-figure carries its kind of CPU (cpu_kind) and the choice prefers this kind's. To update them after a kernel change, run the command on a
-quiet machine with `--json FILE`, then `python -m engine.backends.speeds FILE
-[FILE...]` prints the rows to paste here as a new table, and its kind of CPU
-(date, machine and command to match); delete the rows it replaces (the same
-configuration on the same kind of CPU), and a table left empty.
+figure carries its kind of CPU (cpu_kind) and the choice prefers this kind's.
+To update them after a kernel change, run the command on a quiet machine with
+`--json FILE`, then `python -m engine.backends.speeds FILE [FILE...]` prints
+the rows to paste here as a new table, and its kind of CPU (date, machine and
+command to match); delete the rows it replaces (the same configuration on the
+same kind of CPU), and a table left empty.
 docs/backends.md ("The automatic choice") says how the choice reads them.
 """
 from __future__ import annotations
