@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -285,14 +286,17 @@ def test_builds_come_from_the_shipped_code_with_the_chosen_flags(futhark_cpu_bui
         record = json.loads((libdir / "build.json").read_text())
         assert (record["origin"], record["futhark"], record["c_compiler"]) == ("shipped", version, compiler.name)
         assert (libdir / "microgpt.c").read_bytes() == (gen.generated_dir() / target / "microgpt.c").read_bytes()
-        cflags = next(p for p in record["key"] if p.startswith("CFLAGS=")).partition("=")[2].split()
+        cflags = shlex.split(next(p for p in record["key"] if p.startswith("CFLAGS=")).partition("=")[2])
         assert not set(cflags) & set(cc.FINITE_MATH_FLAGS)
-        ours = cc.optimisation_flags(compiler, tiled=gen.is_batched(target))  # the batches' register tiles
+        # the batches' register tiles; the multicore programs' spin-then-block waits
+        ours = cc.optimisation_flags(compiler, tiled=gen.is_batched(target), spin_wait=fb.spins(target))
         assert cflags[:len(ours)] == ours
+        # a change to the header's text is a new build
+        assert any(p.startswith("spin_wait=") for p in record["key"]) == fb.spins(target)
         # the compile and link commands ran with that compiler and those flags
         log = (libdir / "build.log").read_text()
         compile_line = next(line for line in log.splitlines() if " -c _microgpt_" in line)
-        assert compile_line.startswith(compiler.path) and " ".join(ours) in compile_line
+        assert compile_line.startswith(compiler.path) and shlex.join(ours) in compile_line
         assert any(line.startswith(f"{compiler.path} -shared") for line in log.splitlines())
         available, reason = futhark.probe(target)
         assert available and reason.endswith("; built") and f"Futhark {version} (shipped)" in reason

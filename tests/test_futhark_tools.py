@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,26 @@ def test_only_the_batched_programs_are_compiled_for_register_tiles(clean_env, mo
     assert " ".join(tile_flags) in cc.build_environment(CLANG, tiled=True)["CFLAGS"]
     assert " ".join(tile_flags) not in cc.build_environment(CLANG)["CFLAGS"]
     assert [b for b in gen.BUILDS if gen.is_batched(b)] == [f"{t}{gen.BATCHED}" for t in gen.TARGETS]
+
+
+def test_only_the_multicore_programs_include_the_spin_wait_header(clean_env, monkeypatch, tmp_path):
+    """The header turns the Futhark scheduler's waits into spin-then-block ones: the
+    multicore programs' only (the others have no worker threads), clang and gcc only."""
+    gcc = cc.CCompiler("gcc", "/usr/bin/gcc", "gcc", GCC_VERSION)
+    other = cc.CCompiler("tcc", "/usr/bin/tcc", "other", "tcc version 0.9.27")
+    assert cc.SPIN_WAIT_HEADER.is_file() and cc.SPIN_VARIABLE in cc.SPIN_WAIT_HEADER.read_text()
+    for compiler in (CLANG, gcc):
+        flags = cc.optimisation_flags(compiler, {}, spin_wait=True)
+        assert flags[-3:-1] == ["-include", str(cc.SPIN_WAIT_HEADER)]
+        assert "-include" not in cc.optimisation_flags(compiler, {})
+    assert "-include" not in cc.optimisation_flags(other, {}, spin_wait=True)
+    assert [b for b in gen.BUILDS if fb.spins(b)] == ["multicore", "multicore_batch"]
+    # the header's path reaches the compiler whole, spaces and all
+    monkeypatch.delenv("LDSHARED", raising=False)
+    spaced = tmp_path / "a folder" / "spin_wait.h"
+    monkeypatch.setattr(cc, "SPIN_WAIT_HEADER", spaced)
+    words = shlex.split(cc.build_environment(CLANG, spin_wait=True)["CFLAGS"])
+    assert words[words.index("-include") + 1] == str(spaced)
 
 
 def test_no_flag_lets_the_compiler_assume_finite_math():

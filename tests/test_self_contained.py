@@ -107,3 +107,5 @@ def test_the_sdist_ships_names_txt_and_its_licence(tmp_path):
     assert "MIT License" in licence
     sources = (copy / "microgpt_gui.egg-info" / "SOURCES.txt").read_text().split()
     assert {"engine/data/datasets/names.txt", "engine/data/datasets/LICENSE-makemore.txt"} <= set(sources)
+    # the header the multicore builds include (engine/futhark/cc.py SPIN_WAIT_HEADER)
+    assert "engine/futhark/spin_wait.h" in members and "engine/futhark/spin_wait.h" in sources

@@ -306,16 +306,18 @@ class FutharkCBackend(FutharkBackend):
 
 # Below this much work a step (parameters times documents per step) the
 # multicore backend runs on one thread: Futhark's scheduler costs microseconds
-# per parallel region, and a step has dozens to hundreds. At one document per
-# step, from tiny to s128 (0.8 million parameters) a second thread made every
-# step slower (s128 1.55 against 1.14 ms); from s256 (4.8 million) up, where
-# the update pass runs on every core too, two threads are faster (s256 5.8
-# against 6.7 ms, gpt2-small 84 against 138; quiet machine, README
-# "Performance"). At 32 documents per step (a batch's products over all its
-# positions) two threads were slower up to s32 (27,000 parameters: 2.72
-# against 2.28 ms) and faster from s64 (155,000: 8.78 against 9.93 ms;
-# docs/performance.md, "The automatic choice's table").
-MULTICORE_MIN_WORK = 2_000_000
+# per parallel region, and a step has dozens to hundreds. Measured side by
+# side on a 2-core Xeon with the workers' spin-then-block wait
+# (engine/futhark/spin_wait.h; docs/performance.md, "The workers' wait:
+# spinning before sleeping", 2026-12-05): at one document per step two threads
+# were slower at s64 (155,000 parameters: 0.477 against 0.432 ms) and faster
+# at s128 (810,000: 1.33 against 1.53); at batches, level at s64 and 2
+# documents (310,000), faster from s64 and 4 (620,000: 1.16 against 1.22 ms),
+# at learn and 32 (860,000: 1.66 against 2.27) and s32 and 32 (1.65 against
+# 2.02). Before that wait, when a worker woke for each region (~20 us on a
+# virtual machine), the threshold was 2 million (s128 at B = 1 and s32 at 32
+# were faster on one thread then).
+MULTICORE_MIN_WORK = 300_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 
 

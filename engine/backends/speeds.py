@@ -78,7 +78,9 @@ class SpeedTable:
 # every run's figures ("The automatic choice's table" and the sections it
 # links). x86-64 AVX-512: one name per step (gpt2-small included) and batch 32,
 # on a 2-core Intel Xeon, on the kernel of 2026-12-03, 21:00 (these replace the
-# first table's rows of 2026-12-02, from a Xeon under a load of 3.8 to 5.9).
+# first table's rows of 2026-12-02, from a Xeon under a load of 3.8 to 5.9); the
+# rows where futhark-multicore runs two threads measured again after the
+# workers' wait (2026-12-05).
 # x86-64 AVX2: batch 32, on a 2-core AMD EPYC (Zen 2): tiny and s32 on the
 # kernel of 2026-12-03 (4 x 2 product tiles), learn to s256 on that of
 # 2026-12-03, 21:00. PyTorch's rows are not shipped: it is a comparison in
@@ -86,10 +88,10 @@ class SpeedTable:
 SHIPPED: tuple[SpeedTable, ...] = (
     SpeedTable(
         date="2026-12-05",
-        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 0.6-1.4)",
+        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 0.8-1.3)",
         command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
                 "--presets learn,tiny,s32,s64,s128,s256,gpt2-small --batch 1 --sample-names 0 --rounds 2 "
-                "(learn to s128; s256 and gpt2-small from a second run of --presets s256,gpt2-small)",
+                "(its rows from learn to s64)",
         cpu="x86-64 AVX-512",
         rows=(
             ("numpy", "learn", 26_816, 1, 0.4009),
@@ -104,43 +106,54 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("numpy", "s64", 155_008, 1, 0.9806),
             ("futhark-c", "s64", 155_008, 1, 0.8521),
             ("futhark-multicore", "s64", 155_008, 1, 0.8514),
-            ("numpy", "s128", 809_728, 1, 3.089),
-            ("futhark-c", "s128", 809_728, 1, 1.895),
-            ("futhark-multicore", "s128", 809_728, 1, 1.851),
-            ("numpy", "s256", 4_797_952, 1, 21.74),
-            ("futhark-c", "s256", 4_797_952, 1, 10.37),
-            ("futhark-multicore", "s256", 4_797_952, 1, 7.586),
-            ("numpy", "gpt2-small", 85_762_560, 1, 318.2),
-            ("futhark-c", "gpt2-small", 85_762_560, 1, 210.1),
-            ("futhark-multicore", "gpt2-small", 85_762_560, 1, 117.1),
+        ),
+    ),
+    # The workers' wait (2026-12-05): futhark-multicore's workers spin before they
+    # sleep (engine/futhark/spin_wait.h), and use two threads from 300,000
+    # parameters times documents per step.
+    SpeedTable(
+        date="2026-12-05",
+        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 1.3-1.9)",
+        command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
+                "--presets s128,s256,gpt2-small --batch 1 --sample-names 0 --rounds 2",
+        cpu="x86-64 AVX-512",
+        rows=(
+            ("numpy", "s128", 809_728, 1, 3.026),
+            ("futhark-c", "s128", 809_728, 1, 1.89),
+            ("futhark-multicore", "s128", 809_728, 1, 1.703),
+            ("numpy", "s256", 4_797_952, 1, 20.9),
+            ("futhark-c", "s256", 4_797_952, 1, 9.91),
+            ("futhark-multicore", "s256", 4_797_952, 1, 5.575),
+            ("numpy", "gpt2-small", 85_762_560, 1, 322.6),
+            ("futhark-c", "gpt2-small", 85_762_560, 1, 203.6),
+            ("futhark-multicore", "gpt2-small", 85_762_560, 1, 114.6),
         ),
     ),
     SpeedTable(
         date="2026-12-05",
-        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 0.7-1.5)",
+        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 1.0-1.3)",
         command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
-                "--presets learn,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2; "
-                "the same with --presets tiny,s32",
+                "--presets learn,tiny,s32,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
         cpu="x86-64 AVX-512",
         rows=(
-            ("numpy", "tiny", 4_192, 32, 0.5303),
-            ("futhark-c", "tiny", 4_192, 32, 0.6388),
-            ("futhark-multicore", "tiny", 4_192, 32, 0.6394),
-            ("numpy", "s32", 27_328, 32, 1.55),
-            ("futhark-c", "s32", 27_328, 32, 2.138),
-            ("futhark-multicore", "s32", 27_328, 32, 2.177),
             ("numpy", "learn", 26_816, 32, 1.508),
-            ("futhark-c", "learn", 26_816, 32, 2.042),
-            ("futhark-multicore", "learn", 26_816, 32, 2.032),
-            ("numpy", "s64", 155_008, 32, 4.389),
-            ("futhark-c", "s64", 155_008, 32, 7.783),
-            ("futhark-multicore", "s64", 155_008, 32, 6.692),
-            ("numpy", "s128", 809_728, 32, 19.69),
-            ("futhark-c", "s128", 809_728, 32, 36.99),
-            ("futhark-multicore", "s128", 809_728, 32, 23.6),
-            ("numpy", "s256", 4_797_952, 32, 72.82),
-            ("futhark-c", "s256", 4_797_952, 32, 198.3),
-            ("futhark-multicore", "s256", 4_797_952, 32, 117.0),
+            ("futhark-c", "learn", 26_816, 32, 2.107),
+            ("futhark-multicore", "learn", 26_816, 32, 1.549),
+            ("numpy", "tiny", 4_192, 32, 0.5035),
+            ("futhark-c", "tiny", 4_192, 32, 0.6273),
+            ("futhark-multicore", "tiny", 4_192, 32, 0.6095),
+            ("numpy", "s32", 27_328, 32, 1.492),
+            ("futhark-c", "s32", 27_328, 32, 2.091),
+            ("futhark-multicore", "s32", 27_328, 32, 1.574),
+            ("numpy", "s64", 155_008, 32, 4.495),
+            ("futhark-c", "s64", 155_008, 32, 7.287),
+            ("futhark-multicore", "s64", 155_008, 32, 4.798),
+            ("numpy", "s128", 809_728, 32, 17.87),
+            ("futhark-c", "s128", 809_728, 32, 34.09),
+            ("futhark-multicore", "s128", 809_728, 32, 19.09),
+            ("numpy", "s256", 4_797_952, 32, 71.46),
+            ("futhark-c", "s256", 4_797_952, 32, 195.1),
+            ("futhark-multicore", "s256", 4_797_952, 32, 104.1),
         ),
     ),
     SpeedTable(

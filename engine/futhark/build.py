@@ -27,7 +27,8 @@ from typing import Callable, Mapping
 
 from ..data.corpus import user_cache_dir
 from ..errors import BackendError
-from .cc import NATIVE, NO_C_COMPILER, CCompiler, build_environment, cpu_description, find_c_compiler
+from .cc import (NATIVE, NO_C_COMPILER, SPIN_WAIT_HEADER, CCompiler, build_environment, cpu_description,
+                 find_c_compiler)
 from .cuda13 import CUDA13_FIXED_IN, cuda13_incompatible, patch_cuda13
 from .generated import (BATCHED, BUILDS, GENERATED_FILES, KERNEL, KERNEL_DIR, ORACLE, PROGRAMS, TARGETS,
                         futhark_target, generate, is_batched, step_build,
@@ -105,9 +106,16 @@ def key_parts(target: str, origin: Origin, cc: CCompiler, env: Mapping[str, str]
              f"futhark={origin.futhark}", f"code={origin.digest}",
              f"cc={cc.path}", f"cc_version={cc.version}", f"python={python_tag()}"]
     parts += [f"{var}={env.get(var, '')}" for var in BUILD_VARIABLES]
+    if str(SPIN_WAIT_HEADER) in env.get("CFLAGS", ""):  # its text, not only its path
+        parts.append(f"spin_wait={hashlib.sha256(SPIN_WAIT_HEADER.read_bytes()).hexdigest()[:16]}")
     if NATIVE in env.get("CFLAGS", "").split():  # the code runs only on CPUs like this one
         parts.append(f"cpu={hashlib.sha256(cpu_description().encode()).hexdigest()[:16]}")
     return tuple(parts)
+
+
+def spins(target: str) -> bool:
+    """Whether a build's C is compiled with cc.SPIN_WAIT_HEADER: the multicore programs'."""
+    return futhark_target(target) == "multicore"
 
 
 def cache_key(parts: tuple[str, ...]) -> str:
@@ -143,7 +151,7 @@ def plan(target: str, kernel_dir: Path = KERNEL_DIR, root: Path | None = None) -
     if problem:
         raise BackendError(problem)
     origin = choose_origin(target, kernel_dir)
-    env = _cuda_paths(target, build_environment(cc, tiled=is_batched(target)))
+    env = _cuda_paths(target, build_environment(cc, tiled=is_batched(target), spin_wait=spins(target)))
     parts = key_parts(target, origin, cc, env)
     libdir = (root or cache_root()) / f"{KERNEL}-{target}-{cache_key(parts)}"
     return Plan(target, origin, cc, env, parts, libdir, kernel_dir)

@@ -18,6 +18,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Mapping
 
 # Measured by the profiling study of issue 9 (Futhark 0.25.34, clang 14, gcc 12):
@@ -41,6 +42,11 @@ GCC_CFLAGS = ("-O3 -march=native -fno-math-errno -fassociative-math -fno-signed-
 # must stay bit for bit.
 CLANG_TILE_CFLAGS = "-mllvm -force-vector-interleave=1"
 OTHER_CFLAGS = "-O3"  # a compiler we do not recognise gets only what every cc accepts
+# The multicore programs' C is compiled with this header included first: it makes the
+# Futhark scheduler's idle workers spin briefly before they sleep (the header says why).
+# clang and gcc only (-include).
+SPIN_WAIT_HEADER = Path(__file__).with_name("spin_wait.h")
+SPIN_VARIABLE = "MICROGPT_FUTHARK_SPIN_US"  # read by the header at run time; 0: no spinning
 # Python's own CFLAGS ask for debug info; without it the compile of the shipped C was
 # up to 45% faster and the object files 2-7x smaller (clang 14, gcc 12).
 NO_DEBUG_INFO = "-g0"
@@ -122,13 +128,16 @@ def native_allowed(env: Mapping[str, str] | None = None) -> bool:
 
 
 def optimisation_flags(compiler: CCompiler, env: Mapping[str, str] | None = None,
-                       tiled: bool = False) -> list[str]:
+                       tiled: bool = False, spin_wait: bool = False) -> list[str]:
     """Our flags for this compiler (they come before the user's CFLAGS, which win);
-    tiled: for a program whose products are register tiles (the batched step's)."""
+    tiled: for a program whose products are register tiles (the batched step's);
+    spin_wait: for a multicore program (SPIN_WAIT_HEADER)."""
     base = {"clang": CLANG_CFLAGS, "gcc": GCC_CFLAGS}.get(compiler.family, OTHER_CFLAGS)
     flags = shlex.split(base)
     if tiled and compiler.family == "clang":
         flags += shlex.split(CLANG_TILE_CFLAGS)
+    if spin_wait and compiler.family in ("clang", "gcc"):
+        flags += ["-include", str(SPIN_WAIT_HEADER)]
     if not native_allowed(env):
         flags = [f for f in flags if f != NATIVE]
     return [*flags, NO_DEBUG_INFO]
@@ -161,15 +170,15 @@ def cpu_description() -> str:
 
 
 def build_environment(compiler: CCompiler, env: Mapping[str, str] | None = None,
-                      tiled: bool = False) -> dict[str, str]:
+                      tiled: bool = False, spin_wait: bool = False) -> dict[str, str]:
     """The variables that set the compiler and flags for the CFFI build (distutils reads
     CC, LDSHARED and CFLAGS), on top of env. Not on Windows, where Python builds with MSVC.
-    tiled: as optimisation_flags."""
+    tiled, spin_wait: as optimisation_flags."""
     env = dict(os.environ if env is None else env)
     if os.name == "nt":
         return env
     env["CC"] = compiler.command
-    ours = " ".join(optimisation_flags(compiler, env, tiled))
+    ours = shlex.join(optimisation_flags(compiler, env, tiled, spin_wait))  # quoted: the header's path
     env["CFLAGS"] = f"{ours} {env.get('CFLAGS', '')}".strip()
     # distutils links with LDSHARED and passes it CFLAGS too. It swaps in CC when
     # Python's LDSHARED starts with Python's CC; otherwise do it here, so that clang's
