@@ -156,7 +156,7 @@ def choose_backend(model: ModelConfig, train: TrainConfig, available=None, *, vo
         raise ValueError("no backend can run here" + "".join(f"; {n}: {why}" for n, why in failed.items()))
     params, batch = model.num_params(vocab_size), train.batch_size
     cpu = this_cpu() if cpu is None else cpu
-    ranked = rank(all_speeds() if speeds is None else speeds, names, params, batch, cpu)
+    ranked = rank(all_speeds(cpu=cpu) if speeds is None else speeds, names, params, batch, cpu)
     if ranked:
         best, others = ranked[0], ranked[1:]
         reason = f"{_figure(best.ms_per_step)} ms/step at {_where(best, batch)}"

@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 from ..data.corpus import user_data_dir
@@ -243,15 +244,10 @@ def this_machine() -> str:
     return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
-_THIS_CPU: str | None = None
-
-
+@lru_cache(maxsize=1)
 def this_cpu() -> str:
     """cpu_kind() of this machine (read once)."""
-    global _THIS_CPU
-    if _THIS_CPU is None:
-        _THIS_CPU = cpu_kind()
-    return _THIS_CPU
+    return cpu_kind()
 
 
 def _read_records(path: Path) -> list[dict]:
