@@ -1,9 +1,10 @@
 -- | The futhark-multicore backend's program for batches of B > 1
 -- documents a step on several threads (`futhark multicore --library`):
 -- exactly the entry points engine/backends/futhark_backend.py calls at
--- B > 1 (its entry_points(B); one thread runs c_batch.fut's library).  The
--- batched step's products, transposes and per-position loops take their
--- multicore forms from `products` (lib/batch.fut).  multicore.fut is the
+-- B > 1 (its entry_points(B, "multicore"); one thread runs c_batch.fut's
+-- library).  The batched step's products, transposes and per-position
+-- loops take their multicore forms from `products` (lib/batch.fut);
+-- small models' batches train in parts instead (train_batch_parts).  multicore.fut is the
 -- program for one document a step (c.fut says why the two are apart).
 -- Held-out losses and sampling are not in it: at B > 1 the backend runs
 -- them in the program for one document a step, on its own copy of the
@@ -37,6 +38,12 @@ entry initial_weights [p][l][n][d] (s: model [l][n][d]) (params: [p]f32)
 entry train_batch [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
                                      : (weights [rows][c], [k]f32) =
   train_steps (batch_of_documents (products s) s) {params, m, v, step} k
+
+-- | train_batch with each step's documents in a group per thread
+-- (microgpt.fut's batch_in_parts), for small models.
+entry train_batch_parts [rows][c][l][n][d] (s: model [l][n][d]) ({params, m, v, step}: *weights [rows][c]) (k: i64)
+                                           : (weights [rows][c], [k]f32) =
+  train_steps (batch_in_parts (i64.max 1 (i64.min s.threads s.batch)) s) {params, m, v, step} k
 
 entry get_params [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.params
 entry get_m [rows][c] (w: weights [rows][c]): [rows * c]f32 = flatten w.m

@@ -178,18 +178,24 @@ def session_compiler(futhark_cpu_builds, monkeypatch) -> cc.CCompiler:
     return compiler
 
 
-# futhark-multicore on a test-sized model runs futhark-c's sequential build (one
-# thread is faster there); this name runs its parallel build on two threads.
+# futhark-multicore on a test-sized model runs futhark-c's sequential build at one
+# document a step and at small batches (one thread is faster there), and trains
+# batches of 8 or more in parts; this name runs its parallel build on two threads.
 MULTICORE_2_THREADS = "futhark-multicore-2-threads"
 MULTICORE_3_THREADS = "futhark-multicore-3-threads"  # products split unevenly in tasks
+# Batches of a test-sized model train in parts on two threads (batches_in_parts);
+# MULTICORE_2_THREADS's run the products' tasks instead (no model is small enough
+# for parts there), MULTICORE_PARTS's train every batch from 2 documents in parts.
+MULTICORE_PARTS = "futhark-multicore-in-parts"
 CPU_BACKENDS = ["futhark-c", "futhark-multicore", MULTICORE_2_THREADS]
-THREADS_OF = {MULTICORE_2_THREADS: "2", MULTICORE_3_THREADS: "3"}
+THREADS_OF = {MULTICORE_2_THREADS: "2", MULTICORE_3_THREADS: "3", MULTICORE_PARTS: "2"}
 
 
 @pytest.fixture(autouse=True)
 def _register_two_thread_multicore(request, monkeypatch):
-    """MULTICORE_2_THREADS and MULTICORE_3_THREADS are backend names for the tests
-    that are given them: futhark-multicore under the engine's own thread-count override."""
+    """MULTICORE_2_THREADS, MULTICORE_3_THREADS and MULTICORE_PARTS are backend names
+    for the tests that are given them: futhark-multicore under the engine's own
+    thread-count override, and its rule for batches in parts set as they say."""
     callspec = getattr(request.node, "callspec", None)
     names = [value for value in (callspec.params.values() if callspec else ())
              if isinstance(value, str) and value in THREADS_OF]
@@ -199,6 +205,10 @@ def _register_two_thread_multicore(request, monkeypatch):
     from engine.backends import futhark_backend as fbk
 
     monkeypatch.setenv(fbk.THREADS_ENV, THREADS_OF[names[0]])
+    if names[0] == MULTICORE_PARTS:
+        monkeypatch.setattr(fbk, "PARTS_MIN_BATCH", 2)
+    else:
+        monkeypatch.setattr(fbk, "PARTS_MAX_PARAMS", 0)
     monkeypatch.setitem(registry._REGISTRY, names[0], registry._REGISTRY["futhark-multicore"])
 
 
@@ -236,7 +246,8 @@ def backend_steps(backend, state, step: int, k: int) -> tuple[np.ndarray, np.nda
     from engine.backends import futhark_backend as fbk
 
     weights = backend._call("new_weights", backend._model, state.params, state.m, state.v, step)
-    weights, losses = backend._call(fbk.train_entry(backend.train_config.batch_size), backend._model, weights, k)
+    entry = fbk.train_entry(backend.train_config.batch_size, backend.trains_in_parts())
+    weights, losses = backend._call(entry, backend._model, weights, k)
     return tuple(backend._values(x) for x in (losses, backend._call("get_params", weights),
                                                backend._call("get_m", weights)))
 

@@ -81,11 +81,27 @@ def test_multicore_threads_by_work_per_step():
     assert fbk.multicore_threads(params["s64"], 2, environ={}, batch=32) == 2
     assert fbk.multicore_threads(params["s128"], 2, environ={}, batch=16) == 2
     assert fbk.multicore_threads(4192, 2, environ={}, batch=2) == 1
+    assert fbk.multicore_threads(params["learn"], 2, environ={}, batch=4) == 1  # 107,000: level, c's
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: " 3 "}) == 3
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "2"}, batch=16) == 2
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(BackendError, match=fbk.THREADS_ENV):
             fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: bad})
+
+
+def test_small_models_batches_train_in_parts_on_every_core():
+    """A batch of PARTS_MIN_BATCH documents or more of a model under PARTS_MAX_PARAMS
+    trains in a group of documents per thread (measured: tiny, learn and s32 at 32
+    faster so, s64 slower), so tiny's batches, too little work for the products'
+    tasks, get every core too."""
+    params = {name: PRESETS[name].model.num_params(27) for name in ("tiny", "learn", "s32", "s64", "s128")}
+    assert all(fbk.batches_in_parts(params[name], 32) for name in ("tiny", "learn", "s32"))
+    assert not any(fbk.batches_in_parts(params[name], 32) for name in ("s64", "s128"))
+    assert fbk.batches_in_parts(params["tiny"], fbk.PARTS_MIN_BATCH)
+    assert not fbk.batches_in_parts(params["tiny"], fbk.PARTS_MIN_BATCH - 1)
+    assert not fbk.batches_in_parts(params["tiny"], 1)
+    assert fbk.multicore_threads(params["tiny"], 2, environ={}, batch=32) == 2  # 134,000: one thread before
+    assert fbk.multicore_threads(params["tiny"], 2, environ={}, batch=4) == 1
 
 
 def test_train_entry_by_batch():
@@ -95,9 +111,13 @@ def test_train_entry_by_batch():
     the evaluation (held-out losses, sampling), which batches run there."""
     assert fbk.train_entry(1) == "train"
     assert fbk.train_entry(2) == fbk.train_entry(32) == "train_batch"
-    assert fbk.entry_points(1) == fbk.SHARED_ENTRY_POINTS + fbk.EVALUATION_ENTRY_POINTS + ("train",)
-    assert fbk.entry_points(32) == fbk.SHARED_ENTRY_POINTS + ("train_batch",)  # evaluation: in B = 1's
-    assert set(fbk.entry_points(1)) | set(fbk.entry_points(2)) == set(fbk.ENTRY_POINTS)
+    assert fbk.train_entry(32, in_parts=True) == "train_batch_parts" and fbk.train_entry(1, in_parts=True) == "train"
+    for target in ("c", "multicore", "cuda", "opencl"):
+        assert fbk.entry_points(1, target) == fbk.SHARED_ENTRY_POINTS + fbk.EVALUATION_ENTRY_POINTS + ("train",)
+    for target in ("c", "cuda", "opencl"):
+        assert fbk.entry_points(32, target) == fbk.SHARED_ENTRY_POINTS + ("train_batch",)  # evaluation: B = 1's
+    assert fbk.entry_points(32, "multicore") == fbk.SHARED_ENTRY_POINTS + ("train_batch", "train_batch_parts")
+    assert set(fbk.entry_points(1)) | set(fbk.entry_points(2, "multicore")) == set(fbk.ENTRY_POINTS)
 
 
 @pytest.mark.parametrize("cls, copies", [(fbk.FutharkCBackend, "4 more copies"),

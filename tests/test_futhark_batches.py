@@ -21,7 +21,7 @@ from engine import Corpus, ModelConfig, TrainConfig, load_checkpoint, open_backe
 from engine.backends import probe_backend
 from engine.model.gpt import Weights, loss_and_grad
 import float64_reference
-from futhark_support import MULTICORE_2_THREADS, Oracle, backend_steps, reference_samples
+from futhark_support import MULTICORE_2_THREADS, MULTICORE_PARTS, Oracle, backend_steps, reference_samples
 
 pytestmark = pytest.mark.futhark
 
@@ -30,13 +30,21 @@ pytestmark = pytest.mark.futhark
 NAMES = ["emma", "olivia", "ava", "isabella", "sophia", "mia", "amelia", "harper", "evelyn",
          "abigail", "emily", "ella", "elizabeth", "camila", "luna", "bo", "christopherjohn"]
 MODEL = ModelConfig(n_embd=16, n_layer=2, n_head=2, block_size=8)
-BACKENDS = ["futhark-c", MULTICORE_2_THREADS]
+BACKENDS = ["futhark-c", MULTICORE_2_THREADS, MULTICORE_PARTS]
 
 
 def available(name: str) -> None:
-    ok, reason = probe_backend("futhark-multicore" if name == MULTICORE_2_THREADS else name)
+    ok, reason = probe_backend("futhark-multicore" if name in (MULTICORE_2_THREADS, MULTICORE_PARTS) else name)
     if not ok:
         pytest.skip(reason)
+
+
+def assert_runs_as_named(name: str, backend) -> None:
+    """Two threads run the multicore program for batches: MULTICORE_PARTS's in parts,
+    MULTICORE_2_THREADS's by the products' tasks."""
+    if name in (MULTICORE_2_THREADS, MULTICORE_PARTS):
+        assert backend.threads() == 2 and backend.library_target() == "multicore_batch"
+        assert backend.trains_in_parts() == (name == MULTICORE_PARTS)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +73,7 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
     train = fifty_steps_config(batch)
     reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend(name, MODEL, train, corpus)
     try:
-        if name == MULTICORE_2_THREADS:
-            assert backend.threads() == 2 and backend.library_target() == "multicore_batch"
+        assert_runs_as_named(name, backend)
         losses = backend.train(50)  # 150 or 200 documents of 14: many epochs, every batch padded
         np.testing.assert_allclose(losses, reference.train(50), rtol=0, atol=1e-4)
         got, expected = backend.get_state(), reference.get_state()
@@ -100,8 +107,7 @@ def test_fifty_batched_steps_follow_a_float64_reference(name, batch, corpus):
     available(name)
     backend = open_backend(name, MODEL, fifty_steps_config(batch), corpus)
     try:
-        if name == MULTICORE_2_THREADS:
-            assert backend.threads() == 2 and backend.library_target() == "multicore_batch"
+        assert_runs_as_named(name, backend)
         initial = backend.get_state().params
         run = float64_run(backend, 50)
         assert run.params.dtype == np.float64
@@ -117,7 +123,7 @@ def test_fifty_batched_steps_follow_a_float64_reference(name, batch, corpus):
 GPU = "gpu.fut's step"  # run by the oracle program (sequential C)
 
 
-@pytest.mark.parametrize("name", ["futhark-c", GPU, MULTICORE_2_THREADS])
+@pytest.mark.parametrize("name", ["futhark-c", GPU, MULTICORE_2_THREADS, MULTICORE_PARTS])
 @pytest.mark.parametrize("step", [0, 3, 4])  # step 4 wraps: documents 12, 13, 0
 @pytest.mark.parametrize("batch", [3, 32])
 def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, step, batch, corpus):
@@ -126,6 +132,7 @@ def test_a_batched_steps_gradient_equals_vjp_and_numpy(name, step, batch, corpus
     train = TrainConfig(num_steps=100, batch_size=batch, holdout=3, beta1=0.0, learning_rate=0.01)
     backend = open_backend("futhark-c" if name == GPU else name, MODEL, train, corpus)
     try:
+        assert_runs_as_named(name, backend)
         oracle = Oracle(backend)
         backend.train(5)  # away from the initial parameters
         state = backend.get_state()

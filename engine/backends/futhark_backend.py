@@ -1,7 +1,7 @@
 """The Futhark backends: kernels/c.fut compiled to sequential C,
 kernels/multicore.fut to multicore C, kernels/gpu.fut to CUDA or OpenCL,
 driven through futhark-ffi; batches (B > 1) run each target's _batch
-program (c_batch.fut, ...). Each program exports exactly entry_points(B).
+program (c_batch.fut, ...). Each program exports exactly entry_points(B, target).
 The batches' programs have no held-out losses or sampling: at B > 1 those
 run in a second context over the target's program for one document a step,
 on a copy of the training parameters (copied once after each change of
@@ -53,7 +53,8 @@ def sample_batch(model: ModelConfig, num_samples: int) -> int:
 # generated manifests to it), and _call refuses any other name.
 SHARED_ENTRY_POINTS = ("new_model", "new_weights", "initial_weights", "get_params", "get_m", "get_v", "get_step")
 EVALUATION_ENTRY_POINTS = ("doc_losses", "sample")  # held-out losses and sampling
-ENTRY_POINTS = SHARED_ENTRY_POINTS + EVALUATION_ENTRY_POINTS + ("train", "train_batch")  # all programs' together
+# all programs' together; train_batch_parts: multicore_batch.fut's alone
+ENTRY_POINTS = SHARED_ENTRY_POINTS + EVALUATION_ENTRY_POINTS + ("train", "train_batch", "train_batch_parts")
 
 
 def kernel_matrices(model: ModelConfig, vocab_size: int) -> list[tuple[str, tuple[int, int]]]:
@@ -79,20 +80,26 @@ def layout_offsets(specs: list[ParamSpec], model: ModelConfig, vocab_size: int) 
     return np.array([s.offset for s in specs], dtype=np.int64)
 
 
-def train_entry(batch_size: int) -> str:
+def train_entry(batch_size: int, in_parts: bool = False) -> str:
     """The kernel's training entry point for this batch size: B = 1 has its own
     (microgpt's step, unpadded), which a branch on B inside one entry slowed,
     in a program of its own (futhark_build.step_build). (futhark-multicore's
     `train` runs its update pass as two parallel maps, kernels/multicore.fut;
-    how each program runs its products is fixed when it is compiled.)"""
-    return "train" if batch_size == 1 else "train_batch"
+    how each program runs its products is fixed when it is compiled.)
+    in_parts: a batch in a group of documents per thread (batches_in_parts),
+    futhark-multicore's on several threads."""
+    if batch_size == 1:
+        return "train"
+    return "train_batch_parts" if in_parts else "train_batch"
 
 
-def entry_points(batch_size: int) -> tuple[str, ...]:
-    """Exactly the entry points of the program that trains batch_size documents a step
-    (B = 1's program also runs the evaluation at every batch size)."""
+def entry_points(batch_size: int, target: str = "c") -> tuple[str, ...]:
+    """Exactly the entry points of target's program that trains batch_size documents
+    a step (B = 1's program also runs the evaluation at every batch size; the
+    multicore program for batches also trains them in parts)."""
     evaluation = EVALUATION_ENTRY_POINTS if batch_size == 1 else ()
-    return SHARED_ENTRY_POINTS + evaluation + (train_entry(batch_size),)
+    parts = (train_entry(batch_size, True),) if batch_size > 1 and target == "multicore" else ()
+    return SHARED_ENTRY_POINTS + evaluation + (train_entry(batch_size),) + parts
 
 
 def model_arguments(model: ModelConfig, train: TrainConfig, corpus: Corpus, specs: list[ParamSpec],
@@ -144,6 +151,11 @@ class FutharkBackend(Backend):
         one thread: c)."""
         return self.target
 
+    def trains_in_parts(self) -> bool:
+        """Whether a step's documents are split into a group per thread, each group's
+        gradient computed by one thread (train_entry's in_parts)."""
+        return False
+
     def library_target(self) -> str:
         """Which compiled library (a build of futhark_build.BUILDS) runs this backend's
         steps: its target's program for one document a step, or for batches."""
@@ -163,7 +175,8 @@ class FutharkBackend(Backend):
     def _call(self, entry: str, *args, fut=None):
         """entry of the training program, or given `fut` (_evaluated's context), of the
         program for one document a step open there."""
-        entries = entry_points(self.train_config.batch_size if fut is None else 1)
+        entries = (entry_points(self.train_config.batch_size, self.runtime_target()) if fut is None
+                   else entry_points(1))
         if entry not in entries:
             raise ValueError(f"{entry!r} is not one of the Futhark program's entry points {entries}")
         try:
@@ -208,7 +221,7 @@ class FutharkBackend(Backend):
         self._eval_weights = None
         self._lost = f"a failed train call at step {self.step} used them up (load a checkpoint or reset to go on)"
         try:
-            weights, losses = self._call(train_entry(self.train_config.batch_size),
+            weights, losses = self._call(train_entry(self.train_config.batch_size, self.trains_in_parts()),
                                          self._model, weights, k)
             losses = self._values(losses)  # syncs: errors of the steps surface here
         except BackendError as exc:
@@ -319,18 +332,37 @@ class FutharkCBackend(FutharkBackend):
 # were faster on one thread then).
 MULTICORE_MIN_WORK = 300_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
+# Batches of small models train in parts on several threads (kernels/lib/microgpt.fut
+# batch_in_parts: a group of documents per thread, three parallel loops a step
+# instead of about a hundred). Measured side by side on the 2-core Xeon
+# (docs/performance.md, "A batch in parts", 2026-12-05), ms a step, in parts against
+# the products' tasks (or one thread where that was faster): tiny at 32 documents
+# 0.38 against 0.54 (one thread 0.68), learn 1.37 against 1.57, s32 1.39 against
+# 1.61; s64 (155,000 parameters) slower in parts, 5.9-6.2 against 5.0. Few
+# documents are not worth the threads: tiny at 8 documents 0.137 against one
+# thread's 0.149, at 4 0.097 against 0.079; learn at 4 level, at 8 0.41 against
+# 0.52.
+PARTS_MAX_PARAMS = 100_000
+PARTS_MIN_BATCH = 8
+
+
+def batches_in_parts(num_params: int, batch: int) -> bool:
+    """Whether futhark-multicore trains `batch` documents a step of a model of
+    num_params in parts, when it runs on several threads."""
+    return batch >= PARTS_MIN_BATCH and num_params < PARTS_MAX_PARAMS
 
 
 def multicore_threads(num_params: int, cores: int, environ=None, batch: int = 1) -> int:
     """The multicore backend's thread count for a model of num_params trained on
     `batch` documents per step ($MICROGPT_FUTHARK_THREADS, a whole number from 1,
-    overrides it)."""
+    overrides it): every core where a step trains in parts."""
     text = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
     if text:
         if not text.isdigit() or int(text) < 1:
             raise BackendError(f"{THREADS_ENV} must be a whole number from 1, got {text!r}")
         return int(text)
-    return 1 if num_params * batch < MULTICORE_MIN_WORK else cores
+    enough = num_params * batch >= MULTICORE_MIN_WORK or batches_in_parts(num_params, batch)
+    return cores if enough else 1
 
 
 class FutharkMulticoreBackend(FutharkBackend):
@@ -339,6 +371,9 @@ class FutharkMulticoreBackend(FutharkBackend):
 
     def threads(self) -> int:
         return multicore_threads(self.num_params, usable_cores(), batch=self.train_config.batch_size)
+
+    def trains_in_parts(self) -> bool:
+        return self.threads() > 1 and batches_in_parts(self.num_params, self.train_config.batch_size)
 
     def runtime_target(self) -> str:
         # One thread runs the sequential C build: the same kernel, without the

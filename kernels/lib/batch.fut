@@ -436,9 +436,14 @@ def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (w: layer_t [k
 -- the parameter buffer's rows (engine/params.py's layout, rows of C): a
 -- forward pass over the N = B T positions of the step (document j's at
 -- j T .. j T + T - 1), then a backward pass that computes every weight's
--- gradient as products over those positions.
-def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
-                                       (tokens: [b][t1]i32) (lengths: [b]i64): (f32, *[rows][c]f32) =
+-- gradient as products over those positions.  batch_gradient_sum takes
+-- the loss's scale (1 / the real positions' count) and returns the sum of
+-- the scaled losses, so that groups of a batch's documents can each take
+-- their share (microgpt.fut's batch_in_parts); batch_gradient is the whole
+-- batch's.
+def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
+                                           (tokens: [b][t1]i32) (lengths: [b]i64) (scale: f32)
+                                           : (f32, *[rows][c]f32) =
   let t = t1 - 1
   let n = b * t
   let (c3, f, nv, nl, h) = (3 * c, 4 * c, dm.vocab, dm.n_layer, dm.n_head)
@@ -446,7 +451,6 @@ def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64)
   let (wte, wpe, lm_head) = (matrix_rows 0 nv, matrix_rows 1 dm.block_size, matrix_rows 2 nv)
   let inputs = flatten (map (\row -> row[:t] :> [t]i32) tokens) :> [n]i32
   let targets = flatten (map (\row -> row[1:] :> [t]i32) tokens) :> [n]i32
-  let count = i64.sum lengths
   -- forward
   let e = map2 (\tok r -> #[unsafe] map2 (+) wte[i64.i32 tok] wpe[r % t]) inputs (iota n)
   let (x0, r0) = normalised p e
@@ -461,7 +465,7 @@ def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64)
     loop (x, acts) = (copy x0, replicate nl none) for j < nl do
       let (x, a) = batch_block p h b t (layer_rows params layout c3 f j) x
       in (x, acts with [j] = (a :> batch_acts [n][b][h][t][c][c3][f]))
-  let (loss_sum, dlogits) = batch_loss_and_dlogits p lm_head x targets lengths t (1 / f32.i64 count)
+  let (loss_sum, dlogits) = batch_loss_and_dlogits p lm_head x targets lengths t scale
   -- backward: the gradient rows of each layer, top down, then lm_head,
   -- wpe and wte
   let head_end = 2 * nv + dm.block_size
@@ -485,4 +489,10 @@ def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64)
   let grads = grads with [0:nv] = g_wte
   let grads = grads with [nv:nv + dm.block_size] = g_wpe
   let grads = grads with [nv + dm.block_size:head_end] = g_head
-  in (loss_sum / f32.i64 count, grads)
+  in (loss_sum, grads)
+
+def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
+                                       (tokens: [b][t1]i32) (lengths: [b]i64): (f32, *[rows][c]f32) =
+  let count = f32.i64 (i64.sum lengths)
+  let (loss_sum, grads) = batch_gradient_sum p dm layout params tokens lengths (1 / count)
+  in (loss_sum / count, grads)

@@ -169,6 +169,45 @@ def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][
   let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) grads params m v
   in (loss, ok, params, m, v)
 
+-- | batch_of_documents by futhark-multicore for small models
+-- (multicore_batch.fut's train_batch_parts): the B documents in `parts`
+-- groups of about B / parts (the last padded with empty documents), each
+-- group's gradient computed by one task as the sequential program computes
+-- it, then the groups' gradients summed row by row into the update.  A
+-- step is then three parallel loops (the groups, the finiteness test, the
+-- update) where batch_of_documents has about a hundred, each waking the
+-- threads for a few microseconds' work at these sizes (docs/performance.md,
+-- "A batch in parts").  It holds a gradient per group, and from s64 on the
+-- products' own tasks are faster (engine/backends/futhark_backend.py
+-- batches_in_parts says where it is used).
+def batch_in_parts [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i64)
+    (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
+    : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
+  let b = s.batch
+  let lengths = batch_lengths s.windows b step
+  let t = i64.maximum lengths
+  let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
+  let count = f32.i64 (i64.sum lengths)
+  let per = (b + parts - 1) / parts
+  let group q =
+    let doc j = i64.min (b - 1) (q * per + j)
+    let lens = tabulate per (\j -> if q * per + j < b then #[unsafe] lengths[doc j] else 0)
+    let toks = tabulate per (\j -> #[unsafe] tokens[doc j])
+    in batch_gradient_sum #sequential s.dims s.layout params toks lens (1 / count)
+  let (loss_sums, grads) = unzip (#[sequential_inner] map group (iota parts))
+  let loss = f32.sum loss_sums / count
+  -- row o of the batch's gradient (computed where it is read: by the test
+  -- and by the update, rather than summed into a buffer of its own)
+  let gradient o = #[unsafe] #[sequential] loop g = copy grads[0, o] for q in 1..<parts do map2 (+) g grads[q, o]
+  let squares o = #[sequential] f64.sum (map (\x -> f64.f32 x * f64.f32 x) (gradient o))
+  let ok = finite loss && f64.sum (map squares (iota rows)) <= largest_f32
+  let head_end = 2 * s.dims.vocab + s.dims.block_size
+  let update = adam_at s.adam step ok
+  let (params, m, v) = update_rows update 0 head_end gradient params m v
+  let (params, m, v) = update_rows update head_end (12 * c * s.dims.n_layer) (\o -> gradient (head_end + o))
+                                   params m v
+  in (loss, ok, params, m, v)
+
 -- | Runs up to k steps of `advance`; returns the new weights and the k
 -- losses.  A non-finite loss (or gradient) stops the loop without applying
 -- that step's update (its loss is reported, the later entries stay NaN),

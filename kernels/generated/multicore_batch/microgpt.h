@@ -118,6 +118,7 @@ int futhark_entry_initial_weights(struct futhark_context *ctx, struct futhark_op
 int futhark_entry_new_model(struct futhark_context *ctx, struct futhark_opaque_model **out0, const int64_t in0, const int64_t in1, const int64_t in2, const int64_t in3, const int64_t in4, const double in5, const double in6, const double in7, const double in8, const int64_t in9, const int64_t in10, const int64_t in11, const int64_t in12, const struct futhark_i64_1d *in13, const struct futhark_i32_1d *in14, const struct futhark_i64_1d *in15, const struct futhark_i32_1d *in16);
 int futhark_entry_new_weights(struct futhark_context *ctx, struct futhark_opaque_weights **out0, const struct futhark_opaque_model *in0, const struct futhark_f32_1d *in1, const struct futhark_f32_1d *in2, const struct futhark_f32_1d *in3, const int64_t in4);
 int futhark_entry_train_batch(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
+int futhark_entry_train_batch_parts(struct futhark_context *ctx, struct futhark_opaque_weights **out0, struct futhark_f32_1d **out1, const struct futhark_opaque_model *in0, const struct futhark_opaque_weights *in1, const int64_t in2);
 
 // Miscellaneous
 int futhark_context_sync(struct futhark_context *ctx);
