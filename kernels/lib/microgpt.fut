@@ -178,8 +178,9 @@ def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][
 -- update) where batch_of_documents has about a hundred, each waking the
 -- threads for a few microseconds' work at these sizes (docs/performance.md,
 -- "A batch in parts").  It holds a gradient per group, and from s64 on the
--- products' own tasks are faster (engine/backends/futhark_backend.py
--- batches_in_parts says where it is used).
+-- products' own tasks are as fast (s64) or faster (s128 on), so
+-- engine/backends/futhark_backend.py uses it for small models alone
+-- (batches_in_parts).
 def batch_in_parts [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =

@@ -6265,73 +6265,73 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     struct memblock mem_out_88818;
     
     mem_out_88818.references = NULL;
-    // lib/microgpt.fut:265:14-17
+    // lib/microgpt.fut:266:14-17
     
     int64_t t_61193 = sub64(t1_48522, (int64_t) 1);
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool empty_slice_61194 = t_61193 == (int64_t) 0;
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool zzero_leq_i_p_m_t_s_61195 = sle64((int64_t) 0, t_61193);
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool i_p_m_t_s_leq_w_61196 = slt64(t_61193, t1_48522);
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool i_lte_j_61197 = sle64((int64_t) 1, t1_48522);
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool y_61198 = zzero_leq_i_p_m_t_s_61195 && i_p_m_t_s_leq_w_61196;
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool forwards_ok_61199 = i_lte_j_61197 && y_61198;
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool ok_or_empty_61200 = empty_slice_61194 || forwards_ok_61199;
     
-    // lib/microgpt.fut:267:64-71
+    // lib/microgpt.fut:268:64-71
     
     bool index_certs_61201;
     
     if (!ok_or_empty_61200) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) t1_48522, "].", "-> #0  lib/microgpt.fut:267:64-71\n   #1  lib/microgpt.fut:276:4-66\n   #2  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) t1_48522, "].", "-> #0  lib/microgpt.fut:268:64-71\n   #1  lib/microgpt.fut:277:4-66\n   #2  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:267:44-51
+    // lib/microgpt.fut:268:44-51
     
     int64_t m_61204 = sub64(t_61193, (int64_t) 1);
     
-    // lib/microgpt.fut:267:44-51
+    // lib/microgpt.fut:268:44-51
     
     bool zzero_leq_i_p_m_t_s_61205 = sle64((int64_t) 0, m_61204);
     
-    // lib/microgpt.fut:267:44-51
+    // lib/microgpt.fut:268:44-51
     
     bool i_p_m_t_s_leq_w_61206 = slt64(m_61204, t1_48522);
     
-    // lib/microgpt.fut:267:44-51
+    // lib/microgpt.fut:268:44-51
     
     bool y_61207 = zzero_leq_i_p_m_t_s_61205 && i_p_m_t_s_leq_w_61206;
     
-    // lib/microgpt.fut:267:44-51
+    // lib/microgpt.fut:268:44-51
     
     bool ok_or_empty_61208 = empty_slice_61194 || y_61207;
     
-    // lib/microgpt.fut:267:44-51
+    // lib/microgpt.fut:268:44-51
     
     bool index_certs_61209;
     
     if (!ok_or_empty_61208) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) t_61193, "] out of bounds for array of shape [", (long long) t1_48522, "].", "-> #0  lib/microgpt.fut:267:44-51\n   #1  lib/microgpt.fut:276:4-66\n   #2  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) t_61193, "] out of bounds for array of shape [", (long long) t1_48522, "].", "-> #0  lib/microgpt.fut:268:44-51\n   #1  lib/microgpt.fut:277:4-66\n   #2  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6352,7 +6352,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool index_certs_61213;
     
     if (!y_61212) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6377,7 +6377,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool dim_ok_cert_61220;
     
     if (!binop_y_61219) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61215, "] to array of shape [", (long long) dims_48534, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61215, "] to array of shape [", (long long) dims_48534, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6390,7 +6390,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool index_certs_61223;
     
     if (!y_61222) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6407,7 +6407,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool dim_ok_cert_61228;
     
     if (!binop_x_61227) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61225, "] to array of shape [", (long long) dims_48530, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61225, "] to array of shape [", (long long) dims_48530, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6420,11 +6420,11 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool index_certs_61231;
     
     if (!y_61230) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     
     bool loop_nonempty_61235 = slt64((int64_t) 0, dims_48533);
     
@@ -6436,11 +6436,11 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     
     bool binop_x_61237 = sle64((int64_t) 0, tmp_61210);
     
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     
     bool loop_not_taken_61238 = !loop_nonempty_61235;
     
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     
     bool protect_assert_disj_61239 = binop_x_61237 || loop_not_taken_61238;
     
@@ -6449,7 +6449,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool dim_ok_cert_61240;
     
     if (!protect_assert_disj_61239) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61236, "] to array of shape [", (long long) tmp_61210, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61236, "] to array of shape [", (long long) tmp_61210, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6461,7 +6461,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     
     bool binop_x_61243 = sle64((int64_t) 0, tmp_61211);
     
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     
     bool protect_assert_disj_61244 = loop_not_taken_61238 || binop_x_61243;
     
@@ -6470,7 +6470,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool dim_ok_cert_61245;
     
     if (!protect_assert_disj_61244) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61242, "] to array of shape [", (long long) tmp_61211, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:167:13-35\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_61242, "] to array of shape [", (long long) tmp_61211, "][", (long long) dims_48531, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:167:13-35\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6488,7 +6488,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool nonzzero_cert_78794;
     
     if (!protect_assert_disj_79060) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:214:13-21\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:214:13-21\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -6510,11 +6510,11 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     bool range_valid_c_78859;
     
     if (!protect_assert_disj_79062) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_48532, " is invalid.", "-> #0  lib/model.fut:228:43-54\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_48532, " is invalid.", "-> #0  lib/model.fut:228:43-54\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     
     int64_t bytes_86762 = (int64_t) 4 * h_48521;
     
@@ -6614,7 +6614,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
     
     float i64_res_78693 = sitofp_i64_f32(dims_48531);
     
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     if (memblock_alloc(ctx, &mem_86763, bytes_86762, "mem_86763")) {
         err = 1;
         goto cleanup;
@@ -6748,7 +6748,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // lib/microgpt.fut:263:69-269:29
+    // lib/microgpt.fut:264:69-270:29
     for (int64_t i_86278 = 0; i_86278 < h_48521; i_86278++) {
         int64_t eta_p_61250 = ((int64_t *) lengths_mem_86761.mem)[i_86278];
         
@@ -6765,7 +6765,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_79173;
             
             if (!y_79171) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_86120, "] out of bounds for array of shape [", (long long) dims_48530, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_86120, "] out of bounds for array of shape [", (long long) dims_48530, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -6790,7 +6790,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_79179;
             
             if (!bounds_check_79178) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79175, "] out of bounds for array of shape [", (long long) dims_48534, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79175, "] out of bounds for array of shape [", (long long) dims_48534, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -6893,7 +6893,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_61263;
             
             if (!bounds_check_61262) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61259, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61259, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -6918,7 +6918,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_61271;
             
             if (!bounds_check_61270) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61267, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61267, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -6943,7 +6943,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_61279;
             
             if (!bounds_check_61278) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61275, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61275, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -6968,7 +6968,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_61287;
             
             if (!bounds_check_61286) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61283, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  lib/microgpt.fut:276:4-66\n   #6  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_61283, "] out of bounds for array of shape [", (long long) l_48516, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  lib/microgpt.fut:277:4-66\n   #6  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -7493,7 +7493,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
         }
         if (memblock_unref(ctx, &ext_mem_87079, "ext_mem_87079") != 0)
             return 1;
-        // lib/microgpt.fut:268:8-75
+        // lib/microgpt.fut:269:8-75
         
         float defunc_res_79713;
         float redout_86274 = 0.0F;
@@ -7523,7 +7523,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             bool index_certs_79141;
             
             if (!bounds_check_79140) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79137, "] out of bounds for array of shape [", (long long) dims_48534, "].", "-> #0  lib/model.fut:245:42-59\n   #1  lib/model.fut:258:11-24\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  lib/microgpt.fut:276:4-66\n   #5  c.fut:52:45-54:37\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79137, "] out of bounds for array of shape [", (long long) dims_48534, "].", "-> #0  lib/model.fut:245:42-59\n   #1  lib/model.fut:258:11-24\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  lib/microgpt.fut:277:4-66\n   #5  c.fut:52:45-54:37\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -7587,11 +7587,11 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             
             float cross_entropy_res_79143 = log_res_79136 - zm_rhs_79142;
             
-            // lib/microgpt.fut:268:31-58
+            // lib/microgpt.fut:269:31-58
             
             bool cond_79145 = slt64(i_86275, eta_p_61250);
             
-            // lib/microgpt.fut:268:31-58
+            // lib/microgpt.fut:269:31-58
             
             float lifted_lambda_res_79146;
             
@@ -7600,7 +7600,7 @@ FUTHARK_FUN_ATTR int futrts_entry_doc_losses(struct futhark_context *ctx, struct
             } else {
                 lifted_lambda_res_79146 = 0.0F;
             }
-            // lib/microgpt.fut:268:8-75
+            // lib/microgpt.fut:269:8-75
             
             float zp_res_77796 = lifted_lambda_res_79146 + redout_86274;
             float redout_tmp_88869 = zp_res_77796;
@@ -7808,25 +7808,25 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     int64_t prim_out_88822;
     int64_t prim_out_88823;
     
-    // lib/microgpt.fut:258:40-53
+    // lib/microgpt.fut:259:40-53
     
     int64_t bytes_86758 = (int64_t) 4 * p_30430;
     
-    // lib/microgpt.fut:258:40-53
+    // lib/microgpt.fut:259:40-53
     if (memblock_alloc(ctx, &mem_86759, bytes_86758, "mem_86759")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:258:40-53
+    // lib/microgpt.fut:259:40-53
     for (int64_t nest_i_88824 = 0; nest_i_88824 < p_30430; nest_i_88824++) {
         ((float *) mem_86759.mem)[nest_i_88824] = 0.0F;
     }
-    // lib/microgpt.fut:258:24-37
+    // lib/microgpt.fut:259:24-37
     if (memblock_alloc(ctx, &mem_86761, bytes_86758, "mem_86761")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:258:24-37
+    // lib/microgpt.fut:259:24-37
     for (int64_t nest_i_88825 = 0; nest_i_88825 < p_30430; nest_i_88825++) {
         ((float *) mem_86761.mem)[nest_i_88825] = 0.0F;
     }
@@ -7990,7 +7990,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     bool nonzzero_cert_79254;
     
     if (!protect_assert_disj_88188) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:253:14-43\n   #2  lib/microgpt.fut:256:33-258:56\n   #3  c.fut:36:37-38:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:254:14-43\n   #2  lib/microgpt.fut:257:33-259:56\n   #3  c.fut:36:37-38:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8063,7 +8063,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     bool index_certs_79273;
     
     if (!protect_assert_disj_88178) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_79269, "] out of bounds for array of shape [", (long long) l_30427, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:253:14-43\n   #2  lib/microgpt.fut:256:33-258:56\n   #3  c.fut:36:37-38:25\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_79269, "] out of bounds for array of shape [", (long long) l_30427, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:254:14-43\n   #2  lib/microgpt.fut:257:33-259:56\n   #3  c.fut:36:37-38:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8102,16 +8102,16 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     bool layout_fits_res_t_res_79268 = cond_79267 || layout_fits_res_t_res_f_res_79277;
     bool x_88195 = layout_fits_res_t_res_79268 && x_88192;
     
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     bool assert_c_53812;
     
     if (!x_88195) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:253:6-112\n   #1  lib/microgpt.fut:256:33-258:56\n   #2  c.fut:36:37-38:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:254:6-112\n   #1  lib/microgpt.fut:257:33-259:56\n   #2  c.fut:36:37-38:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     int64_t tmp_53813;
     
@@ -8119,7 +8119,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:77-88
+    // lib/microgpt.fut:254:77-88
     
     int64_t tmp_53815;
     
@@ -8129,7 +8129,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     }
     if (memblock_unref(ctx, &mem_86761, "mem_86761") != 0)
         return 1;
-    // lib/microgpt.fut:253:94-105
+    // lib/microgpt.fut:254:94-105
     
     int64_t tmp_53817;
     
@@ -8139,29 +8139,29 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     }
     if (memblock_unref(ctx, &mem_86759, "mem_86759") != 0)
         return 1;
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool dim_match_53819 = tmp_53815 == tmp_53813;
     
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool empty_or_match_cert_53820;
     
     if (!dim_match_53819) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12733 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:256:33-258:56\n   #1  c.fut:36:37-38:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12733 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:257:33-259:56\n   #1  c.fut:36:37-38:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool dim_match_53822 = tmp_53815 == tmp_53817;
     
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool empty_or_match_cert_53823;
     
     if (!dim_match_53822) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12733 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:256:33-258:56\n   #1  c.fut:36:37-38:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12733 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:257:33-259:56\n   #1  c.fut:36:37-38:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8246,28 +8246,28 @@ FUTHARK_FUN_ATTR int futrts_entry_new_model(struct futhark_context *ctx, struct 
     int64_t prim_out_88833;
     int64_t prim_out_88834;
     
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     
     int64_t bytes_86757 = (int64_t) 8 * d_29800;
     
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     if (memblock_alloc(ctx, &mem_86758, bytes_86757, "mem_86758")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     for (int64_t i_86111 = 0; i_86111 < d_29800; i_86111++) {
         int32_t eta_p_53229 = ((int32_t *) lengths_mem_86756.mem)[i_86111];
         
-        // lib/microgpt.fut:246:53-67
+        // lib/microgpt.fut:247:53-67
         
         int64_t i32_res_53230 = sext_i32_i64(eta_p_53229);
         
-        // lib/microgpt.fut:246:68-71
+        // lib/microgpt.fut:247:68-71
         
         int64_t min_arg1_53231 = sub64(i32_res_53230, (int64_t) 1);
         
-        // lib/microgpt.fut:246:33-71
+        // lib/microgpt.fut:247:33-71
         
         int64_t min_res_53232 = smin64(block_sizze_29804, min_arg1_53231);
         
@@ -8528,7 +8528,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool nonzzero_cert_79254;
     
     if (!protect_assert_disj_88188) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:253:14-43\n   #2  c.fut:32:33-34:31\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:254:14-43\n   #2  c.fut:32:33-34:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8601,7 +8601,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool index_certs_79273;
     
     if (!protect_assert_disj_88178) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_79269, "] out of bounds for array of shape [", (long long) l_30298, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:253:14-43\n   #2  c.fut:32:33-34:31\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_79269, "] out of bounds for array of shape [", (long long) l_30298, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:254:14-43\n   #2  c.fut:32:33-34:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8640,16 +8640,16 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool layout_fits_res_t_res_79268 = cond_79267 || layout_fits_res_t_res_f_res_79277;
     bool x_88195 = layout_fits_res_t_res_79268 && x_88192;
     
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     bool assert_c_53580;
     
     if (!x_88195) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:253:6-112\n   #1  c.fut:32:33-34:31\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:254:6-112\n   #1  c.fut:32:33-34:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     int64_t tmp_53581;
     
@@ -8657,7 +8657,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:77-88
+    // lib/microgpt.fut:254:77-88
     
     int64_t tmp_53583;
     
@@ -8665,7 +8665,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:94-105
+    // lib/microgpt.fut:254:94-105
     
     int64_t tmp_53585;
     
@@ -8948,11 +8948,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     int64_t binop_x_86763 = min_res_65211 * binop_x_86762;
     int64_t bytes_86764 = dims_51996 * binop_x_86763;
     
-    // lib/microgpt.fut:283:3-104
+    // lib/microgpt.fut:284:3-104
     
     int64_t binop_x_86766 = (int64_t) 4 * width_65208;
     
-    // lib/microgpt.fut:283:3-104
+    // lib/microgpt.fut:284:3-104
     
     int64_t bytes_86767 = num_samples_52010 * binop_x_86766;
     
@@ -8972,7 +8972,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     
     bool loop_cond_t_res_65218 = slt64((int64_t) 0, num_samples_52010);
     
-    // lib/microgpt.fut:283:3-104
+    // lib/microgpt.fut:284:3-104
     
     bool x_65219 = cond_65217 && loop_cond_t_res_65218;
     
@@ -8999,7 +8999,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool nonzzero_cert_65314;
     
     if (!protect_assert_disj_65670) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/sample.fut:58:14-17\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:283:3-104\n   #3  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/sample.fut:58:14-17\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:284:3-104\n   #3  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9013,7 +9013,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool index_certs_65321;
     
     if (!protect_assert_disj_65672) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/sample.fut:60:29-57\n   #2  lib/sample.fut:95:28-120:71\n   #3  lib/microgpt.fut:283:3-104\n   #4  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/sample.fut:60:29-57\n   #2  lib/sample.fut:95:28-120:71\n   #3  lib/microgpt.fut:284:3-104\n   #4  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9031,7 +9031,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_65326;
     
     if (!protect_assert_disj_65676) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65323, "] to array of shape [", (long long) dims_51999, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/sample.fut:60:29-57\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65323, "] to array of shape [", (long long) dims_51999, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/sample.fut:60:29-57\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9045,7 +9045,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool index_certs_65329;
     
     if (!protect_assert_disj_65678) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/sample.fut:60:29-57\n   #2  lib/sample.fut:95:28-120:71\n   #3  lib/microgpt.fut:283:3-104\n   #4  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/sample.fut:60:29-57\n   #2  lib/sample.fut:95:28-120:71\n   #3  lib/microgpt.fut:284:3-104\n   #4  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9063,7 +9063,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_65334;
     
     if (!protect_assert_disj_65682) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65331, "] to array of shape [", (long long) dims_51995, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/sample.fut:60:29-57\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65331, "] to array of shape [", (long long) dims_51995, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/sample.fut:60:29-57\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9077,7 +9077,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool index_certs_65337;
     
     if (!protect_assert_disj_65684) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/sample.fut:60:29-57\n   #2  lib/sample.fut:95:28-120:71\n   #3  lib/microgpt.fut:283:3-104\n   #4  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/sample.fut:60:29-57\n   #2  lib/sample.fut:95:28-120:71\n   #3  lib/microgpt.fut:284:3-104\n   #4  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9107,7 +9107,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_65373;
     
     if (!protect_assert_disj_65688) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65369, "] to array of shape [", (long long) tmp_65310, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65369, "] to array of shape [", (long long) tmp_65310, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9129,7 +9129,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool dim_ok_cert_65378;
     
     if (!protect_assert_disj_65690) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65375, "] to array of shape [", (long long) tmp_65311, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:167:13-35\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_65375, "] to array of shape [", (long long) tmp_65311, "][", (long long) dims_51996, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:167:13-35\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9151,7 +9151,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     bool range_valid_c_65383;
     
     if (!protect_assert_disj_65692) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_51997, " is invalid.", "-> #0  lib/sample.fut:70:87-93\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:283:3-104\n   #3  c.fut:56:38-59:72\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_51997, " is invalid.", "-> #0  lib/sample.fut:70:87-93\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:284:3-104\n   #3  c.fut:56:38-59:72\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -9187,13 +9187,13 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             }
         }
     }
-    // lib/microgpt.fut:283:3-104
+    // lib/microgpt.fut:284:3-104
     if (mem_86768_cached_sizze_89159 < bytes_86767) {
         err = lexical_realloc(ctx, &mem_86768, &mem_86768_cached_sizze_89159, bytes_86767);
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // lib/microgpt.fut:283:3-104
+    // lib/microgpt.fut:284:3-104
     for (int64_t nest_i_88825 = 0; nest_i_88825 < width_65208; nest_i_88825++) {
         for (int64_t nest_i_88826 = 0; nest_i_88826 < num_samples_52010; nest_i_88826++) {
             ((int32_t *) mem_86768)[nest_i_88825 * num_samples_52010 + nest_i_88826] = i64_res_65207;
@@ -9352,16 +9352,16 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
     loop_while_65234 = x_65219;
     pos_65239 = (int64_t) 0;
     while (loop_while_65234) {
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool dim_match_65240 = coercez2086Uz2083U_65230 == coercez2086Uz2088U_65232;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool empty_or_match_cert_65241;
         
         if (!dim_match_65240) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2088U_65232, "][", (long long) dz2086Uz2085U_65231, "][", (long long) dims_51996, "] cannot match shape of type \"[", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2083U_65230, "][", (long long) dz2086Uz2085U_65231, "][", (long long) dims_51996, "]f32\".", "-> #0  lib/microgpt.fut:283:3-104\n   #1  c.fut:56:38-59:72\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2088U_65232, "][", (long long) dz2086Uz2085U_65231, "][", (long long) dims_51996, "] cannot match shape of type \"[", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2083U_65230, "][", (long long) dz2086Uz2085U_65231, "][", (long long) dims_51996, "]f32\".", "-> #0  lib/microgpt.fut:284:3-104\n   #1  c.fut:56:38-59:72\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9373,24 +9373,24 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         bool cond_65288 = sle64(pos_65239, np_51987);
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool dim_match_65289 = coercez2086Uz2083U_65230 == coercez2089Uz2082U_65233;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool protect_assert_disj_65290 = cond_65288 || dim_match_65289;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool protect_assert_disj_65291 = cond_65286 || protect_assert_disj_65290;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool empty_or_match_cert_65292;
         
         if (!protect_assert_disj_65291) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) coercez2089Uz2082U_65233, "] cannot match shape of type \"[", (long long) coercez2086Uz2083U_65230, "]i32\".", "-> #0  lib/microgpt.fut:283:3-104\n   #1  c.fut:56:38-59:72\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) coercez2089Uz2082U_65233, "] cannot match shape of type \"[", (long long) coercez2086Uz2083U_65230, "]i32\".", "-> #0  lib/microgpt.fut:284:3-104\n   #1  c.fut:56:38-59:72\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9410,15 +9410,15 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         bool bounds_check_65297 = x_65295 && y_65296;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool loop_not_taken_65298 = !cond_65288;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool protect_assert_disj_65299 = bounds_check_65297 || loop_not_taken_65298;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool protect_assert_disj_65300 = cond_65286 || protect_assert_disj_65299;
         
@@ -9427,7 +9427,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         bool index_certs_65301;
         
         if (!protect_assert_disj_65300) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) replicate_arg1_65294, "] out of bounds for array of shape [", (long long) np_51987, "].", "-> #0  lib/sample.fut:118:55-70\n   #1  lib/microgpt.fut:283:3-104\n   #2  c.fut:56:38-59:72\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) replicate_arg1_65294, "] out of bounds for array of shape [", (long long) np_51987, "].", "-> #0  lib/sample.fut:118:55-70\n   #1  lib/microgpt.fut:284:3-104\n   #2  c.fut:56:38-59:72\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9476,7 +9476,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         bool index_certs_65344;
         
         if (!bounds_check_65343) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) pos_65239, "] out of bounds for array of shape [", (long long) dims_51995, "].", "-> #0  lib/sample.fut:61:59-67\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:283:3-104\n   #3  c.fut:56:38-59:72\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) pos_65239, "] out of bounds for array of shape [", (long long) dims_51995, "].", "-> #0  lib/sample.fut:61:59-67\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:284:3-104\n   #3  c.fut:56:38-59:72\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9534,7 +9534,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         bool index_certs_65580;
         
         if (!protect_assert_disj_65667) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) m_65360, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_65230, "].", "-> #0  lib/sample.fut:126:27-64\n   #1  lib/microgpt.fut:283:3-104\n   #2  c.fut:56:38-59:72\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) m_65360, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_65230, "].", "-> #0  lib/sample.fut:126:27-64\n   #1  lib/microgpt.fut:284:3-104\n   #2  c.fut:56:38-59:72\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9681,11 +9681,11 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             if (memblock_set(ctx, &ext_mem_86868, &mem_86803, "mem_86803") != 0)
                 return 1;
         }
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool x_65287 = !cond_65286;
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool protect_cond_conj_65302 = x_65287 && cond_65288;
         
@@ -9708,7 +9708,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 int32_t replicate_arg1_79900;
                 
                 if (protect_cond_conj_65302) {
-                    // lib/microgpt.fut:283:3-104
+                    // lib/microgpt.fut:284:3-104
                     
                     int32_t x_79901 = ((int32_t *) prefix_mem_86760.mem)[replicate_arg1_65294];
                     
@@ -9777,7 +9777,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65352;
             
             if (!bounds_check_65351) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_65348, "] out of bounds for array of shape [", (long long) dims_51999, "].", "-> #0  lib/sample.fut:61:42-58\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:283:3-104\n   #3  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_65348, "] out of bounds for array of shape [", (long long) dims_51999, "].", "-> #0  lib/sample.fut:61:42-58\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:284:3-104\n   #3  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9962,7 +9962,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65400;
             
             if (!bounds_check_65399) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65396, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65396, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9987,7 +9987,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65408;
             
             if (!bounds_check_65407) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65404, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65404, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9996,7 +9996,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65437;
             
             if (!y_65367) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ", ", (long long) i_65392, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_65239, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2083U_65230, "][", (long long) cache_65244, "].", "-> #0  lib/sample.fut:69:19-53\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:283:3-104\n   #3  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ", ", (long long) i_65392, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_65239, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2083U_65230, "][", (long long) cache_65244, "].", "-> #0  lib/sample.fut:69:19-53\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:284:3-104\n   #3  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -10005,7 +10005,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65434;
             
             if (!y_65367) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ", ", (long long) i_65392, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_65239, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2083U_65230, "][", (long long) cache_65244, "].", "-> #0  lib/sample.fut:68:19-53\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:283:3-104\n   #3  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ", ", (long long) i_65392, ", ", (long long) (int64_t) 0, ":, ", (long long) pos_65239, "] out of bounds for array of shape [", (long long) (int64_t) 2, "][", (long long) dims_51998, "][", (long long) coercez2086Uz2083U_65230, "][", (long long) cache_65244, "].", "-> #0  lib/sample.fut:68:19-53\n   #1  lib/sample.fut:95:28-120:71\n   #2  lib/microgpt.fut:284:3-104\n   #3  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -10030,7 +10030,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65416;
             
             if (!bounds_check_65415) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65412, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65412, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -10055,7 +10055,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65424;
             
             if (!bounds_check_65423) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65420, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:283:3-104\n   #5  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65420, "] out of bounds for array of shape [", (long long) l_51982, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/sample.fut:64:15-44\n   #3  lib/sample.fut:95:28-120:71\n   #4  lib/microgpt.fut:284:3-104\n   #5  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -10917,7 +10917,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool index_certs_65635;
             
             if (!bounds_check_65634) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65631, "] out of bounds for array of shape [", (long long) width_65208, "].", "-> #0  lib/sample.fut:129:26-53\n   #1  lib/microgpt.fut:283:3-104\n   #2  c.fut:56:38-59:72\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_65631, "] out of bounds for array of shape [", (long long) width_65208, "].", "-> #0  lib/sample.fut:129:26-53\n   #1  lib/microgpt.fut:284:3-104\n   #2  c.fut:56:38-59:72\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -10968,7 +10968,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
             bool p_and_eq_x_y_65660 = x_65574 && eq_x_zz_65657;
             bool cond_65599 = empty_slice_65359 || p_and_eq_x_y_65660;
             
-            // lib/microgpt.fut:283:3-104
+            // lib/microgpt.fut:284:3-104
             
             int64_t cache_65600;
             
@@ -11077,7 +11077,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                             bool index_certs_65626;
                             
                             if (!bounds_check_65625) {
-                                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_65622, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_65230, "].", "-> #0  lib/sample.fut:128:68-81\n   #1  lib/microgpt.fut:283:3-104\n   #2  c.fut:56:38-59:72\n"));
+                                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_65622, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_65230, "].", "-> #0  lib/sample.fut:128:68-81\n   #1  lib/microgpt.fut:284:3-104\n   #2  c.fut:56:38-59:72\n"));
                                 err = FUTHARK_PROGRAM_ERROR;
                                 goto cleanup;
                             }
@@ -11122,7 +11122,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
                 bool index_certs_79726;
                 
                 if (!bounds_check_79725) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_79721, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_65230, "].", "-> #0  lib/sample.fut:129:66-75\n   #1  lib/microgpt.fut:283:3-104\n   #2  c.fut:56:38-59:72\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) eta_p_79721, "] out of bounds for array of shape [", (long long) coercez2086Uz2083U_65230, "].", "-> #0  lib/sample.fut:129:66-75\n   #1  lib/microgpt.fut:284:3-104\n   #2  c.fut:56:38-59:72\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -11163,7 +11163,7 @@ FUTHARK_FUN_ATTR int futrts_entry_sample(struct futhark_context *ctx, struct mem
         
         bool loop_cond_t_res_65653 = slt64((int64_t) 0, loopres_65492);
         
-        // lib/microgpt.fut:283:3-104
+        // lib/microgpt.fut:284:3-104
         
         bool x_65654 = cond_65652 && loop_cond_t_res_65653;
         
@@ -11518,11 +11518,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t prim_out_88822;
     
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     
     int64_t bytes_86760 = (int64_t) 4 * k_47725;
     
-    // lib/microgpt.fut:220:5-226:108
+    // lib/microgpt.fut:221:5-227:108
     
     bool loop_cond_74697 = slt64((int64_t) 0, k_47725);
     
@@ -11541,7 +11541,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool nonzzero_cert_74714;
     
     if (!protect_assert_disj_77752) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:56:18-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  c.fut:45:16-28\n   #3  lib/microgpt.fut:223:38-61\n   #4  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:56:18-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  c.fut:45:16-28\n   #3  lib/microgpt.fut:224:38-61\n   #4  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11575,7 +11575,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_74758;
     
     if (!protect_assert_disj_77754) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11601,7 +11601,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_74765;
     
     if (!protect_assert_disj_77758) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_74760, "] to array of shape [", (long long) dims_47715, "][", (long long) dims_47712, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_74760, "] to array of shape [", (long long) dims_47715, "][", (long long) dims_47712, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11615,7 +11615,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_74768;
     
     if (!protect_assert_disj_77760) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11633,7 +11633,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_74773;
     
     if (!protect_assert_disj_77764) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_74770, "] to array of shape [", (long long) dims_47711, "][", (long long) dims_47712, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_74770, "] to array of shape [", (long long) dims_47711, "][", (long long) dims_47712, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11663,7 +11663,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool dim_ok_cert_74792;
     
     if (!protect_assert_disj_77766) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_74788, "] to array of shape [", (long long) c3_74756, "][", (long long) dims_47712, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_74788, "] to array of shape [", (long long) c3_74756, "][", (long long) dims_47712, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11677,7 +11677,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_74873;
     
     if (!protect_assert_disj_77768) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/train.fut:162:25-53\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/train.fut:162:25-53\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11699,7 +11699,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool nonzzero_cert_75269;
     
     if (!protect_assert_disj_77772) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/train.fut:89:13-16\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/train.fut:89:13-16\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11729,7 +11729,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool empty_or_match_cert_75314;
     
     if (!protect_assert_disj_77774) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_75311, "] cannot match shape of type \"[", (long long) c3_74756, "]f32\".", "-> #0  lib/train.fut:105:35-106:64\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_75311, "] cannot match shape of type \"[", (long long) c3_74756, "]f32\".", "-> #0  lib/train.fut:105:35-106:64\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11743,7 +11743,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_76900;
     
     if (!protect_assert_disj_77776) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:143:12-29\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:143:12-29\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11757,7 +11757,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool index_certs_76903;
     
     if (!protect_assert_disj_77778) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:144:12-27\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:144:12-27\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11779,7 +11779,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool range_valid_c_77133;
     
     if (!protect_assert_disj_77780) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_77130, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-243:27\n   #2  lib/microgpt.fut:135:24-87\n   #3  c.fut:45:16-28\n   #4  lib/microgpt.fut:223:38-61\n   #5  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_77130, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-243:27\n   #2  lib/microgpt.fut:135:24-87\n   #3  c.fut:45:16-28\n   #4  lib/microgpt.fut:224:38-61\n   #5  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11795,7 +11795,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     bool valid_77482 = !bounds_invalid_upwards_77481;
     
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_77483 = loop_not_taken_74790 || valid_77482;
     bool protect_assert_disj_77782 = protect_assert_disj_77483 || loop_not_taken_77751;
@@ -11805,7 +11805,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     bool range_valid_c_77484;
     
     if (!protect_assert_disj_77782) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_77478, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-249:91\n   #2  lib/microgpt.fut:135:24-87\n   #3  c.fut:45:16-28\n   #4  lib/microgpt.fut:223:38-61\n   #5  c.fut:43:86-45:63\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_77478, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-249:91\n   #2  lib/microgpt.fut:135:24-87\n   #3  c.fut:45:16-28\n   #4  lib/microgpt.fut:224:38-61\n   #5  c.fut:43:86-45:63\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11821,12 +11821,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
     
     int64_t binop_x_87295 = (int64_t) 4 * dims_47715;
     
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     if (memblock_alloc(ctx, &mem_86761, bytes_86760, "mem_86761")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     for (int64_t nest_i_88823 = 0; nest_i_88823 < k_47725; nest_i_88823++) {
         ((float *) mem_86761.mem)[nest_i_88823] = NAN;
     }
@@ -12073,7 +12073,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // lib/microgpt.fut:220:5-226:108
+    // lib/microgpt.fut:221:5-227:108
     
     bool defunc_0_train_steps_res_74698;
     int64_t defunc_0_train_steps_res_74702;
@@ -12107,7 +12107,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool index_certs_74719;
         
         if (!bounds_check_74718) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_74715, "] out of bounds for array of shape [", (long long) d_47701, "].", "-> #0  lib/microgpt.fut:57:7-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  c.fut:45:16-28\n   #3  lib/microgpt.fut:223:38-61\n   #4  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_74715, "] out of bounds for array of shape [", (long long) d_47701, "].", "-> #0  lib/microgpt.fut:57:7-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  c.fut:45:16-28\n   #3  lib/microgpt.fut:224:38-61\n   #4  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12176,7 +12176,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool index_certs_74735;
         
         if (!ok_or_empty_74734) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) step_sources_arg4_74722, ":", (long long) step_sources_arg4_74723, "] out of bounds for array of shape [", (long long) n_47700, "].", "-> #0  lib/microgpt.fut:133:39-72\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:223:38-61\n   #3  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) step_sources_arg4_74722, ":", (long long) step_sources_arg4_74723, "] out of bounds for array of shape [", (long long) n_47700, "].", "-> #0  lib/microgpt.fut:133:39-72\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:224:38-61\n   #3  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12245,7 +12245,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool index_certs_74747;
         
         if (!ok_or_empty_74746) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74720, ":", (long long) step_sources_arg3_74737, "] out of bounds for array of shape [", (long long) n_47700, "].", "-> #0  lib/microgpt.fut:132:57-82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:223:38-61\n   #3  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74720, ":", (long long) step_sources_arg3_74737, "] out of bounds for array of shape [", (long long) n_47700, "].", "-> #0  lib/microgpt.fut:132:57-82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:224:38-61\n   #3  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12318,7 +12318,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool empty_or_match_cert_76948;
         
         if (!dim_match_76947) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_47714, "][", (long long) tmp_74721, "][", (long long) tmp_74755, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:223:38-61\n   #3  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_47714, "][", (long long) tmp_74721, "][", (long long) tmp_74755, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:224:38-61\n   #3  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12327,7 +12327,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool empty_or_match_cert_76959;
         
         if (!dim_match_76953) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) dims_47712, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:223:38-61\n   #3  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) dims_47712, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:224:38-61\n   #3  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12336,7 +12336,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool empty_or_match_cert_76954;
         
         if (!dim_match_76953) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_47714, "][", (long long) tmp_74721, "][", (long long) dims_47712, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:223:38-61\n   #3  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_47714, "][", (long long) tmp_74721, "][", (long long) dims_47712, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:224:38-61\n   #3  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12345,28 +12345,28 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         bool empty_or_match_cert_76951;
         
         if (!dim_match_76950) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_47714, "][", (long long) tmp_74721, "][", (long long) c3_74756, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:223:38-61\n   #3  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_47714, "][", (long long) tmp_74721, "][", (long long) c3_74756, "] cannot match shape of type \"{dlogits: [", (long long) tmp_74721, "][", (long long) dims_47715, "]f32, grads: [", (long long) dims_47714, "]{dhid: [", (long long) tmp_74721, "][", (long long) tmp_74750, "]f32, dqkv: [", (long long) tmp_74721, "][", (long long) tmp_74749, "]f32, dxmid: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32, dxout: [", (long long) tmp_74721, "][", (long long) c_47703, "]f32}, inputs: [", (long long) tmp_74721, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "][", (long long) tmp_74721, "][", (long long) c_47703, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  c.fut:45:16-28\n   #2  lib/microgpt.fut:224:38-61\n   #3  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool x_77743 = sle64((int64_t) 0, i_74711);
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool y_77744 = slt64(i_74711, k_47725);
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool bounds_check_77745 = x_77743 && y_77744;
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool index_certs_77746;
         
         if (!bounds_check_77745) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_74711, "] out of bounds for array of shape [", (long long) k_47725, "].", "-> #0  lib/microgpt.fut:226:56-82\n   #1  c.fut:43:86-45:63\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_74711, "] out of bounds for array of shape [", (long long) k_47725, "].", "-> #0  lib/microgpt.fut:227:56-82\n   #1  c.fut:43:86-45:63\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -12533,7 +12533,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_79179;
             
             if (!y_79177) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_86122, "] out of bounds for array of shape [", (long long) dims_47711, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_86122, "] out of bounds for array of shape [", (long long) dims_47711, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12558,7 +12558,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_79185;
             
             if (!bounds_check_79184) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79181, "] out of bounds for array of shape [", (long long) dims_47715, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79181, "] out of bounds for array of shape [", (long long) dims_47715, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12762,7 +12762,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_74823;
             
             if (!bounds_check_74822) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74819, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74819, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12787,7 +12787,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_74831;
             
             if (!bounds_check_74830) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74827, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74827, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12812,7 +12812,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_74839;
             
             if (!bounds_check_74838) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74835, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74835, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -12837,7 +12837,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_74847;
             
             if (!bounds_check_74846) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74843, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_74843, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13435,7 +13435,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_79140;
             
             if (!bounds_check_79139) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79136, "] out of bounds for array of shape [", (long long) dims_47715, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/train.fut:72:34-90\n   #2  lib/train.fut:163:25-62\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:223:38-61\n   #7  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_79136, "] out of bounds for array of shape [", (long long) dims_47715, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/train.fut:72:34-90\n   #2  lib/train.fut:163:25-62\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  c.fut:45:16-28\n   #6  lib/microgpt.fut:224:38-61\n   #7  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13742,15 +13742,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     int64_t index_primexp_74975 = matrix_arg1_74874 + new_index_74974;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74976 = squot64(index_primexp_74975, c_47703);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_74977 = c_47703 * new_index_74976;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74978 = index_primexp_74975 - binop_y_74977;
                     
@@ -13770,15 +13770,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     int64_t index_primexp_74982 = matrix_arg1_74874 + new_index_74981;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74983 = squot64(index_primexp_74982, c_47703);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_74984 = c_47703 * new_index_74983;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74985 = index_primexp_74982 - binop_y_74984;
                     
@@ -13802,15 +13802,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     int64_t index_primexp_74990 = matrix_arg1_74874 + new_index_74989;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74991 = squot64(index_primexp_74990, c_47703);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_74992 = c_47703 * new_index_74991;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74993 = index_primexp_74990 - binop_y_74992;
                     
@@ -13834,15 +13834,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     int64_t index_primexp_74998 = matrix_arg1_74874 + new_index_74997;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_74999 = squot64(index_primexp_74998, c_47703);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_75000 = c_47703 * new_index_74999;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_75001 = index_primexp_74998 - binop_y_75000;
                     
@@ -14030,7 +14030,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_75380;
             
             if (!bounds_check_75379) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) l_75376, "] out of bounds for array of shape [", (long long) dims_47714, "].", "-> #0  lib/train.fut:135:71-78\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) l_75376, "] out of bounds for array of shape [", (long long) dims_47714, "].", "-> #0  lib/train.fut:135:71-78\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14059,7 +14059,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_75412;
             
             if (!bounds_check_75411) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75408, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75408, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14084,7 +14084,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_75400;
             
             if (!bounds_check_75399) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75396, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75396, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14109,7 +14109,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_75406;
             
             if (!bounds_check_75405) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75402, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75402, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14134,7 +14134,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_75394;
             
             if (!bounds_check_75393) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75390, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:223:38-61\n   #8  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_75390, "] out of bounds for array of shape [", (long long) l_47699, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  c.fut:45:16-28\n   #7  lib/microgpt.fut:224:38-61\n   #8  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -14338,15 +14338,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75455 = lifted_at_res_75413 + new_index_75454;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75456 = squot64(index_primexp_75455, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75457 = c_47703 * new_index_75456;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75458 = index_primexp_75455 - binop_y_75457;
                         
@@ -14366,15 +14366,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75462 = lifted_at_res_75413 + new_index_75461;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75463 = squot64(index_primexp_75462, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75464 = c_47703 * new_index_75463;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75465 = index_primexp_75462 - binop_y_75464;
                         
@@ -14398,15 +14398,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75470 = lifted_at_res_75413 + new_index_75469;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75471 = squot64(index_primexp_75470, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75472 = c_47703 * new_index_75471;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75473 = index_primexp_75470 - binop_y_75472;
                         
@@ -14430,15 +14430,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75478 = lifted_at_res_75413 + new_index_75477;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75479 = squot64(index_primexp_75478, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75480 = c_47703 * new_index_75479;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75481 = index_primexp_75478 - binop_y_75480;
                         
@@ -14702,15 +14702,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75776 = lifted_at_res_75407 + new_index_75775;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75777 = squot64(index_primexp_75776, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75778 = c_47703 * new_index_75777;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75779 = index_primexp_75776 - binop_y_75778;
                         
@@ -14730,15 +14730,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75783 = lifted_at_res_75407 + new_index_75782;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75784 = squot64(index_primexp_75783, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75785 = c_47703 * new_index_75784;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75786 = index_primexp_75783 - binop_y_75785;
                         
@@ -14762,15 +14762,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75791 = lifted_at_res_75407 + new_index_75790;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75792 = squot64(index_primexp_75791, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75793 = c_47703 * new_index_75792;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75794 = index_primexp_75791 - binop_y_75793;
                         
@@ -14794,15 +14794,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_75799 = lifted_at_res_75407 + new_index_75798;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75800 = squot64(index_primexp_75799, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_75801 = c_47703 * new_index_75800;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_75802 = index_primexp_75799 - binop_y_75801;
                         
@@ -15071,15 +15071,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76098 = lifted_at_res_75401 + new_index_76097;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76099 = squot64(index_primexp_76098, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76100 = c_47703 * new_index_76099;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76101 = index_primexp_76098 - binop_y_76100;
                         
@@ -15099,15 +15099,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76105 = lifted_at_res_75401 + new_index_76104;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76106 = squot64(index_primexp_76105, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76107 = c_47703 * new_index_76106;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76108 = index_primexp_76105 - binop_y_76107;
                         
@@ -15131,15 +15131,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76113 = lifted_at_res_75401 + new_index_76112;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76114 = squot64(index_primexp_76113, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76115 = c_47703 * new_index_76114;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76116 = index_primexp_76113 - binop_y_76115;
                         
@@ -15163,15 +15163,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76121 = lifted_at_res_75401 + new_index_76120;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76122 = squot64(index_primexp_76121, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76123 = c_47703 * new_index_76122;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76124 = index_primexp_76121 - binop_y_76123;
                         
@@ -15751,15 +15751,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76501 = lifted_at_res_75395 + new_index_76500;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76502 = squot64(index_primexp_76501, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76503 = c_47703 * new_index_76502;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76504 = index_primexp_76501 - binop_y_76503;
                         
@@ -15779,15 +15779,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76508 = lifted_at_res_75395 + new_index_76507;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76509 = squot64(index_primexp_76508, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76510 = c_47703 * new_index_76509;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76511 = index_primexp_76508 - binop_y_76510;
                         
@@ -15811,15 +15811,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76516 = lifted_at_res_75395 + new_index_76515;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76517 = squot64(index_primexp_76516, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76518 = c_47703 * new_index_76517;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76519 = index_primexp_76516 - binop_y_76518;
                         
@@ -15843,15 +15843,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         int64_t index_primexp_76524 = lifted_at_res_75395 + new_index_76523;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76525 = squot64(index_primexp_76524, c_47703);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_76526 = c_47703 * new_index_76525;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_76527 = index_primexp_76524 - binop_y_76526;
                         
@@ -16068,7 +16068,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_76916;
             
             if (!bounds_check_76915) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_76912, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:147:23-49\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_76912, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:147:23-49\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16093,7 +16093,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_76922;
             
             if (!bounds_check_76921) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_76918, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:148:23-48\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_76918, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:148:23-48\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16118,7 +16118,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             bool index_certs_76928;
             
             if (!bounds_check_76927) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_76924, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:149:23-50\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_76924, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:149:23-50\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -16158,7 +16158,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 bool index_certs_76945;
                 
                 if (!bounds_check_76944) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_76941, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:151:19-152:98\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_76941, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/train.fut:151:19-152:98\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -16610,7 +16610,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 bool nonzzero_cert_85283;
                 
                 if (!nonzzero_85282) {
-                    set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:85:55-63\n   #1  lib/microgpt.fut:108:71-114:71\n   #2  lib/microgpt.fut:132:14-134:58\n   #3  c.fut:45:16-28\n   #4  lib/microgpt.fut:223:38-61\n   #5  c.fut:43:86-45:63\n"));
+                    set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:85:55-63\n   #1  lib/microgpt.fut:108:71-114:71\n   #2  lib/microgpt.fut:132:14-134:58\n   #3  c.fut:45:16-28\n   #4  lib/microgpt.fut:224:38-61\n   #5  c.fut:43:86-45:63\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -16864,7 +16864,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85392;
                     
                     if (!bounds_check_85391) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85388, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:98-109\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85388, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:98-109\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -16889,7 +16889,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85398;
                     
                     if (!bounds_check_85397) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85394, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:35-46\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85394, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:35-46\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -16914,7 +16914,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85404;
                     
                     if (!bounds_check_85403) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85400, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:54-65\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85400, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:54-65\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -16939,7 +16939,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85410;
                     
                     if (!bounds_check_85409) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85406, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:79-90\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85406, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:88:79-90\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -16960,7 +16960,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85489;
                     
                     if (!bounds_check_85488) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_85387, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:89:37-44\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_85387, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:89:37-44\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -16985,7 +16985,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85530;
                     
                     if (!bounds_check_85529) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85526, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:89:78-89\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85526, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:89:78-89\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -17010,7 +17010,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     bool index_certs_85572;
                     
                     if (!bounds_check_85571) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85568, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:90:39-50\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:223:38-61\n   #6  c.fut:43:86-45:63\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_85568, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_74752, "].", "-> #0  lib/microgpt.fut:90:39-50\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  c.fut:45:16-28\n   #5  lib/microgpt.fut:224:38-61\n   #6  c.fut:43:86-45:63\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -17662,7 +17662,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float embedding_coef_res_85625;
                 
                 if (cond_85624) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int32_t i32_arg0_85626 = ((int32_t *) tokens_mem_86755.mem)[tmp_74720];
                     
@@ -17716,7 +17716,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float embedding_coef_res_85640;
                 
                 if (cond_85639) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int32_t i32_arg0_85642 = ((int32_t *) tokens_mem_86755.mem)[step_sources_arg4_74722];
                     
@@ -17770,11 +17770,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float embedding_coef_res_85656;
                 
                 if (cond_85655) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t index_primexp_85657 = (int64_t) 2 + tmp_74720;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int32_t i32_arg0_85658 = ((int32_t *) tokens_mem_86755.mem)[index_primexp_85657];
                     
@@ -17828,11 +17828,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 float embedding_coef_res_85672;
                 
                 if (cond_85671) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t index_primexp_85673 = (int64_t) 3 + tmp_74720;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int32_t i32_arg0_85674 = ((int32_t *) tokens_mem_86755.mem)[index_primexp_85673];
                     
@@ -17951,11 +17951,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         float embedding_coef_res_85700;
                         
                         if (cond_85699) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_85701 = tmp_74720 + term_arg0_77253;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int32_t i32_arg0_85702 = ((int32_t *) tokens_mem_86755.mem)[index_primexp_85701];
                             
@@ -18035,11 +18035,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         float embedding_coef_res_85728;
                         
                         if (cond_85727) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_85729 = tmp_74720 + term_arg0_77269;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int32_t i32_arg0_85730 = ((int32_t *) tokens_mem_86755.mem)[index_primexp_85729];
                             
@@ -18119,11 +18119,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         float embedding_coef_res_85756;
                         
                         if (cond_85755) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_85757 = tmp_74720 + term_arg0_77285;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int32_t i32_arg0_85758 = ((int32_t *) tokens_mem_86755.mem)[index_primexp_85757];
                             
@@ -18203,11 +18203,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         float embedding_coef_res_85784;
                         
                         if (cond_85783) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_85785 = tmp_74720 + term_arg0_77301;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int32_t i32_arg0_85786 = ((int32_t *) tokens_mem_86755.mem)[index_primexp_85785];
                             
@@ -18257,7 +18257,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77320 = ((float *) mem_87904)[j_77318];
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77321 = ((float *) mem_87839)[defunc_0_lifted_term_res_77255 * dims_47712 + j_77318];
                     
@@ -18265,7 +18265,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77322 = defunc_0_lifted_term_res_77256 * zt_rhs_77321;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77323 = ((float *) mem_87839)[defunc_0_lifted_term_res_77271 * dims_47712 + j_77318];
                     
@@ -18277,7 +18277,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77325 = zp_lhs_77322 + zp_rhs_77324;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77326 = ((float *) mem_87839)[defunc_0_lifted_term_res_77287 * dims_47712 + j_77318];
                     
@@ -18289,7 +18289,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77328 = zp_lhs_77325 + zp_rhs_77327;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77329 = ((float *) mem_87839)[defunc_0_lifted_term_res_77303 * dims_47712 + j_77318];
                     
@@ -18440,7 +18440,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_77382;
             
             if (cond_77135) {
-                // lib/microgpt.fut:223:38-61
+                // lib/microgpt.fut:224:38-61
                 
                 float lifted_lambda_res_85810 = ((float *) mem_87316)[i_86559];
                 
@@ -18453,7 +18453,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_77384;
             
             if (cond_77136) {
-                // lib/microgpt.fut:223:38-61
+                // lib/microgpt.fut:224:38-61
                 
                 float lifted_lambda_res_85811 = ((float *) mem_87316)[dims_47715 + i_86559];
                 
@@ -18466,7 +18466,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_77386;
             
             if (cond_77138) {
-                // lib/microgpt.fut:223:38-61
+                // lib/microgpt.fut:224:38-61
                 
                 float lifted_lambda_res_85812 = ((float *) mem_87316)[(int64_t) 2 * dims_47715 + i_86559];
                 
@@ -18479,7 +18479,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
             float defunc_0_lifted_term_res_77388;
             
             if (cond_77140) {
-                // lib/microgpt.fut:223:38-61
+                // lib/microgpt.fut:224:38-61
                 
                 float lifted_lambda_res_85813 = ((float *) mem_87316)[(int64_t) 3 * dims_47715 + i_86559];
                 
@@ -18557,7 +18557,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float x_85815;
                     
                     if (cond_77407) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float lifted_lambda_res_85816 = ((float *) mem_87316)[term_arg0_77406 * dims_47715 + i_86559];
                         
@@ -18596,7 +18596,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float x_85818;
                     
                     if (cond_77413) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float lifted_lambda_res_85819 = ((float *) mem_87316)[term_arg0_77412 * dims_47715 + i_86559];
                         
@@ -18635,7 +18635,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float x_85821;
                     
                     if (cond_77419) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float lifted_lambda_res_85822 = ((float *) mem_87316)[term_arg0_77418 * dims_47715 + i_86559];
                         
@@ -18674,7 +18674,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float x_85824;
                     
                     if (cond_77425) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float lifted_lambda_res_85825 = ((float *) mem_87316)[term_arg0_77424 * dims_47715 + i_86559];
                         
@@ -18692,7 +18692,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77433 = ((float *) mem_87981)[j_77431];
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77434 = ((float *) mem_87839)[lmad_arg_86905 + defunc_0_lifted_term_res_77408 * dims_47712 + j_77431];
                     
@@ -18700,7 +18700,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77435 = defunc_0_lifted_term_res_77409 * zt_rhs_77434;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77436 = ((float *) mem_87839)[lmad_arg_86905 + defunc_0_lifted_term_res_77414 * dims_47712 + j_77431];
                     
@@ -18712,7 +18712,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77438 = zp_lhs_77435 + zp_rhs_77437;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77439 = ((float *) mem_87839)[lmad_arg_86905 + defunc_0_lifted_term_res_77420 * dims_47712 + j_77431];
                     
@@ -18724,7 +18724,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     
                     float zp_lhs_77441 = zp_lhs_77438 + zp_rhs_77440;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float zt_rhs_77442 = ((float *) mem_87839)[lmad_arg_86905 + defunc_0_lifted_term_res_77426 * dims_47712 + j_77431];
                     
@@ -18957,7 +18957,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float layer_coef_res_85850;
                     
                     if (cond_77513) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float layer_coef_res_t_res_85851 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + i_86583];
                         
@@ -18976,7 +18976,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             int64_t tmp_85855 = sub64(i_86583, tmp_74749);
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_f_res_t_res_85856 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + tmp_85855];
                             
@@ -18999,7 +18999,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85860 = sub64(i_86583, tmp_74750);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_t_res_85861 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + tmp_85860];
                                 
@@ -19013,7 +19013,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85863 = sdiv64(zs_lhs_85862, (int64_t) 4);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_f_res_85864 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + tmp_85863];
                                 
@@ -19037,7 +19037,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float layer_coef_res_85870;
                     
                     if (cond_77513) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float layer_coef_res_t_res_85871 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + c3_74756 + i_86583];
                         
@@ -19056,7 +19056,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             int64_t tmp_85875 = sub64(i_86583, tmp_74749);
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_f_res_t_res_85876 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + dims_47712 + tmp_85875];
                             
@@ -19079,7 +19079,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85880 = sub64(i_86583, tmp_74750);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_t_res_85881 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + tmp_74755 + tmp_85880];
                                 
@@ -19093,7 +19093,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85883 = sdiv64(zs_lhs_85882, (int64_t) 4);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_f_res_85884 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + dims_47712 + tmp_85883];
                                 
@@ -19117,7 +19117,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float layer_coef_res_85890;
                     
                     if (cond_77513) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float layer_coef_res_t_res_85891 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + (int64_t) 2 * c3_74756 + i_86583];
                         
@@ -19136,7 +19136,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             int64_t tmp_85895 = sub64(i_86583, tmp_74749);
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_f_res_t_res_85896 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + (int64_t) 2 * dims_47712 + tmp_85895];
                             
@@ -19159,7 +19159,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85900 = sub64(i_86583, tmp_74750);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_t_res_85901 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + (int64_t) 2 * tmp_74755 + tmp_85900];
                                 
@@ -19173,7 +19173,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85903 = sdiv64(zs_lhs_85902, (int64_t) 4);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_f_res_85904 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + (int64_t) 2 * dims_47712 + tmp_85903];
                                 
@@ -19197,7 +19197,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                     float layer_coef_res_85910;
                     
                     if (cond_77513) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float layer_coef_res_t_res_85911 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + (int64_t) 3 * c3_74756 + i_86583];
                         
@@ -19216,7 +19216,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             
                             int64_t tmp_85915 = sub64(i_86583, tmp_74749);
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_f_res_t_res_85916 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + (int64_t) 3 * dims_47712 + tmp_85915];
                             
@@ -19239,7 +19239,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85920 = sub64(i_86583, tmp_74750);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_t_res_85921 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + (int64_t) 3 * tmp_74755 + tmp_85920];
                                 
@@ -19253,7 +19253,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                 
                                 int64_t tmp_85923 = sdiv64(zs_lhs_85922, (int64_t) 4);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_f_res_f_res_85924 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + (int64_t) 3 * dims_47712 + tmp_85923];
                                 
@@ -19346,7 +19346,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             float layer_coef_res_85947;
                             
                             if (cond_77513) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_t_res_85948 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + term_arg0_77609 * c3_74756 + i_86583];
                                 
@@ -19361,7 +19361,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                     
                                     int64_t tmp_85951 = sub64(i_86583, tmp_74749);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_t_res_85952 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + term_arg0_77609 * dims_47712 + tmp_85951];
                                     
@@ -19384,7 +19384,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_85956 = sub64(i_86583, tmp_74750);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_t_res_85957 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + term_arg0_77609 * tmp_74755 + tmp_85956];
                                         
@@ -19398,7 +19398,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_85959 = sdiv64(zs_lhs_85958, (int64_t) 4);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_f_res_85960 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + term_arg0_77609 * dims_47712 + tmp_85959];
                                         
@@ -19452,7 +19452,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             float layer_coef_res_85983;
                             
                             if (cond_77513) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_t_res_85984 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + term_arg0_77629 * c3_74756 + i_86583];
                                 
@@ -19467,7 +19467,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                     
                                     int64_t tmp_85987 = sub64(i_86583, tmp_74749);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_t_res_85988 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + term_arg0_77629 * dims_47712 + tmp_85987];
                                     
@@ -19490,7 +19490,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_85992 = sub64(i_86583, tmp_74750);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_t_res_85993 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + term_arg0_77629 * tmp_74755 + tmp_85992];
                                         
@@ -19504,7 +19504,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_85995 = sdiv64(zs_lhs_85994, (int64_t) 4);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_f_res_85996 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + term_arg0_77629 * dims_47712 + tmp_85995];
                                         
@@ -19558,7 +19558,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             float layer_coef_res_86019;
                             
                             if (cond_77513) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_t_res_86020 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + term_arg0_77649 * c3_74756 + i_86583];
                                 
@@ -19573,7 +19573,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                     
                                     int64_t tmp_86023 = sub64(i_86583, tmp_74749);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_t_res_86024 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + term_arg0_77649 * dims_47712 + tmp_86023];
                                     
@@ -19596,7 +19596,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_86028 = sub64(i_86583, tmp_74750);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_t_res_86029 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + term_arg0_77649 * tmp_74755 + tmp_86028];
                                         
@@ -19610,7 +19610,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_86031 = sdiv64(zs_lhs_86030, (int64_t) 4);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_f_res_86032 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + term_arg0_77649 * dims_47712 + tmp_86031];
                                         
@@ -19664,7 +19664,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                             float layer_coef_res_86055;
                             
                             if (cond_77513) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_t_res_86056 = ((float *) mem_87387)[layer_77500 * lmad_arg_87417 + term_arg0_77669 * c3_74756 + i_86583];
                                 
@@ -19679,7 +19679,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                     
                                     int64_t tmp_86059 = sub64(i_86583, tmp_74749);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_t_res_86060 = ((float *) mem_87383)[layer_77500 * lmad_arg_86905 + term_arg0_77669 * dims_47712 + tmp_86059];
                                     
@@ -19702,7 +19702,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_86064 = sub64(i_86583, tmp_74750);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_t_res_86065 = ((float *) mem_87391)[layer_77500 * lmad_arg_86904 + term_arg0_77669 * tmp_74755 + tmp_86064];
                                         
@@ -19716,7 +19716,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                                         
                                         int64_t tmp_86067 = sdiv64(zs_lhs_86066, (int64_t) 4);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_f_res_f_res_86068 = ((float *) mem_87379)[layer_77500 * lmad_arg_86905 + term_arg0_77669 * dims_47712 + tmp_86067];
                                         
@@ -19740,7 +19740,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         float zp_lhs_77692 = ((float *) mem_88070)[j_77690];
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_77693 = ((float *) mem_87839)[tmp_77524 * lmad_arg_86905 + defunc_0_lifted_term_res_77611 * dims_47712 + j_77690];
                         
@@ -19748,7 +19748,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         float zp_lhs_77694 = defunc_0_lifted_term_res_77612 * zt_rhs_77693;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_77695 = ((float *) mem_87839)[tmp_77524 * lmad_arg_86905 + defunc_0_lifted_term_res_77631 * dims_47712 + j_77690];
                         
@@ -19760,7 +19760,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         float zp_lhs_77697 = zp_lhs_77694 + zp_rhs_77696;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_77698 = ((float *) mem_87839)[tmp_77524 * lmad_arg_86905 + defunc_0_lifted_term_res_77651 * dims_47712 + j_77690];
                         
@@ -19772,7 +19772,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                         
                         float zp_lhs_77700 = zp_lhs_77697 + zp_rhs_77699;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_77701 = ((float *) mem_87839)[tmp_77524 * lmad_arg_86905 + defunc_0_lifted_term_res_77671 * dims_47712 + j_77690];
                         
@@ -19868,14 +19868,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
                 }
             }
         }
-        // lib/microgpt.fut:225:31-45
+        // lib/microgpt.fut:226:31-45
         
         bool cond_f_res_77739 = !cond_76961;
         bool x_79059 = !ok_76962;
         bool y_79060 = cond_f_res_77739 && x_79059;
         bool cond_77737 = ok_76962 || y_79060;
         
-        // lib/microgpt.fut:225:22-68
+        // lib/microgpt.fut:226:22-68
         
         float reported_77740;
         
@@ -19884,7 +19884,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         } else {
             reported_77740 = NAN;
         }
-        // lib/microgpt.fut:226:25-54
+        // lib/microgpt.fut:227:25-54
         
         int64_t tmp_77741;
         
@@ -19893,14 +19893,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         } else {
             tmp_77741 = step_74709;
         }
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         ((float *) mem_86761.mem)[i_74711] = reported_77740;
-        // lib/microgpt.fut:226:84-107
+        // lib/microgpt.fut:227:84-107
         
         int64_t tmp_77748;
         
         if (ok_76962) {
-            // lib/microgpt.fut:226:97-100
+            // lib/microgpt.fut:227:97-100
             
             int64_t tmp_t_res_86095 = add64((int64_t) 1, i_74711);
             
@@ -19908,7 +19908,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train(struct futhark_context *ctx, struct memb
         } else {
             tmp_77748 = k_47725;
         }
-        // lib/microgpt.fut:222:13-16
+        // lib/microgpt.fut:223:13-16
         
         bool loop_cond_77750 = slt64(tmp_77748, k_47725);
         bool loop_while_tmp_88824 = loop_cond_77750;

@@ -6868,25 +6868,25 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     int64_t prim_out_203156;
     int64_t prim_out_203157;
     
-    // lib/microgpt.fut:258:40-53
+    // lib/microgpt.fut:259:40-53
     
     int64_t bytes_201072 = (int64_t) 4 * p_39244;
     
-    // lib/microgpt.fut:258:40-53
+    // lib/microgpt.fut:259:40-53
     if (memblock_alloc(ctx, &mem_201073, bytes_201072, "mem_201073")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:258:40-53
+    // lib/microgpt.fut:259:40-53
     for (int64_t nest_i_203158 = 0; nest_i_203158 < p_39244; nest_i_203158++) {
         ((float *) mem_201073.mem)[nest_i_203158] = 0.0F;
     }
-    // lib/microgpt.fut:258:24-37
+    // lib/microgpt.fut:259:24-37
     if (memblock_alloc(ctx, &mem_201075, bytes_201072, "mem_201075")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:258:24-37
+    // lib/microgpt.fut:259:24-37
     for (int64_t nest_i_203159 = 0; nest_i_203159 < p_39244; nest_i_203159++) {
         ((float *) mem_201075.mem)[nest_i_203159] = 0.0F;
     }
@@ -7050,7 +7050,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     bool nonzzero_cert_184887;
     
     if (!protect_assert_disj_202641) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:253:14-43\n   #2  lib/microgpt.fut:256:33-258:56\n   #3  c_batch.fut:29:37-31:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:254:14-43\n   #2  lib/microgpt.fut:257:33-259:56\n   #3  c_batch.fut:29:37-31:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7123,7 +7123,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     bool index_certs_184906;
     
     if (!protect_assert_disj_202631) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_184902, "] out of bounds for array of shape [", (long long) l_39241, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:253:14-43\n   #2  lib/microgpt.fut:256:33-258:56\n   #3  c_batch.fut:29:37-31:25\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_184902, "] out of bounds for array of shape [", (long long) l_39241, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:254:14-43\n   #2  lib/microgpt.fut:257:33-259:56\n   #3  c_batch.fut:29:37-31:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7162,16 +7162,16 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     bool layout_fits_res_t_res_184901 = cond_184900 || layout_fits_res_t_res_f_res_184910;
     bool x_202648 = layout_fits_res_t_res_184901 && x_202645;
     
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     bool assert_c_74769;
     
     if (!x_202648) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:253:6-112\n   #1  lib/microgpt.fut:256:33-258:56\n   #2  c_batch.fut:29:37-31:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:254:6-112\n   #1  lib/microgpt.fut:257:33-259:56\n   #2  c_batch.fut:29:37-31:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     int64_t tmp_74770;
     
@@ -7179,7 +7179,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:77-88
+    // lib/microgpt.fut:254:77-88
     
     int64_t tmp_74772;
     
@@ -7189,7 +7189,7 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     }
     if (memblock_unref(ctx, &mem_201075, "mem_201075") != 0)
         return 1;
-    // lib/microgpt.fut:253:94-105
+    // lib/microgpt.fut:254:94-105
     
     int64_t tmp_74774;
     
@@ -7199,29 +7199,29 @@ FUTHARK_FUN_ATTR int futrts_entry_initial_weights(struct futhark_context *ctx, s
     }
     if (memblock_unref(ctx, &mem_201073, "mem_201073") != 0)
         return 1;
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool dim_match_74776 = tmp_74772 == tmp_74770;
     
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool empty_or_match_cert_74777;
     
     if (!dim_match_74776) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12666 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:256:33-258:56\n   #1  c_batch.fut:29:37-31:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12666 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:257:33-259:56\n   #1  c_batch.fut:29:37-31:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool dim_match_74779 = tmp_74772 == tmp_74774;
     
-    // lib/microgpt.fut:256:33-258:56
+    // lib/microgpt.fut:257:33-259:56
     
     bool empty_or_match_cert_74780;
     
     if (!dim_match_74779) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12666 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:256:33-258:56\n   #1  c_batch.fut:29:37-31:25\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Internal runtime error.\nReturn value of weights_of_12666 does not match type shape.\nThis is a bug in the Futhark compiler. Please report this:\n  https://github.com/diku-dk/futhark/issues", "-> #0  lib/microgpt.fut:257:33-259:56\n   #1  c_batch.fut:29:37-31:25\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7306,28 +7306,28 @@ FUTHARK_FUN_ATTR int futrts_entry_new_model(struct futhark_context *ctx, struct 
     int64_t prim_out_203167;
     int64_t prim_out_203168;
     
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     
     int64_t bytes_201071 = (int64_t) 8 * d_38614;
     
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     if (memblock_alloc(ctx, &mem_201072, bytes_201071, "mem_201072")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     for (int64_t i_200376 = 0; i_200376 < d_38614; i_200376++) {
         int32_t eta_p_73231 = ((int32_t *) lengths_mem_201070.mem)[i_200376];
         
-        // lib/microgpt.fut:246:53-67
+        // lib/microgpt.fut:247:53-67
         
         int64_t i32_res_73232 = sext_i32_i64(eta_p_73231);
         
-        // lib/microgpt.fut:246:68-71
+        // lib/microgpt.fut:247:68-71
         
         int64_t min_arg1_73233 = sub64(i32_res_73232, (int64_t) 1);
         
-        // lib/microgpt.fut:246:33-71
+        // lib/microgpt.fut:247:33-71
         
         int64_t min_res_73234 = smin64(block_sizze_38618, min_arg1_73233);
         
@@ -7588,7 +7588,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool nonzzero_cert_184887;
     
     if (!protect_assert_disj_202641) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:253:14-43\n   #2  c_batch.fut:25:33-27:31\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:254:14-43\n   #2  c_batch.fut:25:33-27:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7661,7 +7661,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool index_certs_184906;
     
     if (!protect_assert_disj_202631) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_184902, "] out of bounds for array of shape [", (long long) l_39112, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:253:14-43\n   #2  c_batch.fut:25:33-27:31\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_184902, "] out of bounds for array of shape [", (long long) l_39112, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:254:14-43\n   #2  c_batch.fut:25:33-27:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7700,16 +7700,16 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool layout_fits_res_t_res_184901 = cond_184900 || layout_fits_res_t_res_f_res_184910;
     bool x_202648 = layout_fits_res_t_res_184901 && x_202645;
     
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     bool assert_c_73980;
     
     if (!x_202648) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:253:6-112\n   #1  c_batch.fut:25:33-27:31\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:254:6-112\n   #1  c_batch.fut:25:33-27:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     int64_t tmp_73981;
     
@@ -7717,7 +7717,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:77-88
+    // lib/microgpt.fut:254:77-88
     
     int64_t tmp_73983;
     
@@ -7725,7 +7725,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:94-105
+    // lib/microgpt.fut:254:94-105
     
     int64_t tmp_73985;
     
@@ -8042,11 +8042,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     
     int64_t prim_out_203156;
     
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     
     int64_t bytes_201074 = (int64_t) 4 * k_72062;
     
-    // lib/microgpt.fut:220:5-226:108
+    // lib/microgpt.fut:221:5-227:108
     
     bool loop_cond_170431 = slt64((int64_t) 0, k_72062);
     
@@ -8065,7 +8065,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool range_valid_c_170448;
     
     if (!protect_assert_disj_184557) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) batch_72047, " is invalid.", "-> #0  lib/batch.fut:43:3-58\n   #1  lib/microgpt.fut:164:17-47\n   #2  c_batch.fut:36:16-34\n   #3  lib/microgpt.fut:223:38-61\n   #4  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) batch_72047, " is invalid.", "-> #0  lib/batch.fut:43:3-58\n   #1  lib/microgpt.fut:164:17-47\n   #2  c_batch.fut:36:16-34\n   #3  lib/microgpt.fut:224:38-61\n   #4  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8087,7 +8087,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool nonzzero_cert_170470;
     
     if (!protect_assert_disj_184559) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:51:57-60\n   #1  lib/microgpt.fut:166:16-74\n   #2  c_batch.fut:36:16-34\n   #3  lib/microgpt.fut:223:38-61\n   #4  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:51:57-60\n   #1  lib/microgpt.fut:166:16-74\n   #2  c_batch.fut:36:16-34\n   #3  lib/microgpt.fut:224:38-61\n   #4  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8113,7 +8113,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool index_certs_170499;
     
     if (!protect_assert_disj_184561) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8131,7 +8131,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool nonzzero_cert_170503;
     
     if (!protect_assert_disj_184565) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:450:55-58\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:450:55-58\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8145,7 +8145,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool index_certs_170506;
     
     if (!protect_assert_disj_184567) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:60-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:60-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8159,7 +8159,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool index_certs_170510;
     
     if (!protect_assert_disj_184571) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:89-93\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:89-93\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8181,7 +8181,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool nonzzero_cert_170589;
     
     if (!protect_assert_disj_184575) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:239:36-39\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:239:36-39\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8193,7 +8193,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     
     bool nonzzero_170591 = !zzero_170590;
     
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_170592 = loop_not_taken_170587 || nonzzero_170591;
     bool protect_assert_disj_184577 = protect_assert_disj_170592 || loop_not_taken_184556;
@@ -8203,7 +8203,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool nonzzero_cert_170593;
     
     if (!protect_assert_disj_184577) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:380:13-16\n   #1  lib/batch.fut:466:20-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:380:13-16\n   #1  lib/batch.fut:466:20-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8261,7 +8261,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool range_valid_c_175044;
     
     if (!protect_assert_disj_184579) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_175021, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:474:57-77\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_175021, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:474:57-77\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8325,7 +8325,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     
     bool dim_match_175996 = dzlz7bUZLztZRz20U12z20Ucz7dUzg_170494 == conc_tmp_175995;
     
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_175997 = loop_not_taken_170587 || dim_match_175996;
     bool protect_assert_disj_184581 = protect_assert_disj_175997 || loop_not_taken_184556;
@@ -8335,7 +8335,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool empty_or_match_cert_175998;
     
     if (!protect_assert_disj_184581) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_175995, "][", (long long) c_72040, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20U12z20Ucz7dUzg_170494, "][", (long long) c_72040, "]f32\".", "-> #0  lib/batch.fut:476:21-88\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_175995, "][", (long long) c_72040, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20U12z20Ucz7dUzg_170494, "][", (long long) c_72040, "]f32\".", "-> #0  lib/batch.fut:476:21-88\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8355,7 +8355,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     
     bool valid_176052 = !bounds_invalid_upwards_176019;
     
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_176081 = loop_not_taken_170587 || valid_176026;
     bool protect_assert_disj_184583 = protect_assert_disj_176081 || loop_not_taken_184556;
@@ -8365,11 +8365,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool range_valid_c_176082;
     
     if (!protect_assert_disj_184583) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_175901, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:250:13-62\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_175901, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:250:13-62\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_176150 = loop_not_taken_170587 || valid_176052;
     bool protect_assert_disj_184585 = protect_assert_disj_176150 || loop_not_taken_184556;
@@ -8379,7 +8379,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool range_valid_c_176151;
     
     if (!protect_assert_disj_184585) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_175963, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:430:42-59\n   #2  lib/batch.fut:476:21-88\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_175963, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:430:42-59\n   #2  lib/batch.fut:476:21-88\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8405,7 +8405,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool range_valid_c_183451;
     
     if (!protect_assert_disj_184587) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_183429, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:480:43-63\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:223:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_183429, " is invalid.", "-> #0  lib/batch.fut:202:51-68\n   #1  lib/batch.fut:480:43-63\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  c_batch.fut:36:16-34\n   #5  lib/microgpt.fut:224:38-61\n   #6  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8439,7 +8439,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool index_certs_184378;
     
     if (!protect_assert_disj_184589) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ":", (long long) dims_72052, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:489:15-40\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ":", (long long) dims_72052, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:489:15-40\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8489,7 +8489,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool index_certs_184390;
     
     if (!protect_assert_disj_184591) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) dims_72052, ":", (long long) grads_184380, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:490:15-57\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) dims_72052, ":", (long long) grads_184380, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:490:15-57\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8547,7 +8547,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool index_certs_184404;
     
     if (!protect_assert_disj_184593) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) grads_184380, ":", (long long) head_end_175018, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) grads_184380, ":", (long long) head_end_175018, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8561,7 +8561,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool empty_or_match_cert_184406;
     
     if (!protect_assert_disj_184595) {
-        set_error(ctx, msgprintf("Error: %s%s%lld%s%s%s%lld%s%s\n\nBacktrace:\n%s", "Shape ", "[", (long long) j_m_i_184392, "]", " of slice does not match shape ", "[", (long long) dims_72052, "]", " of value.", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%s%lld%s%s%s%lld%s%s\n\nBacktrace:\n%s", "Shape ", "[", (long long) j_m_i_184392, "]", " of slice does not match shape ", "[", (long long) dims_72052, "]", " of value.", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8583,7 +8583,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     bool range_valid_c_184492;
     
     if (!protect_assert_disj_184597) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_184489, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:282:78-287:103\n   #2  lib/microgpt.fut:169:24-93\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_184489, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:282:78-287:103\n   #2  lib/microgpt.fut:169:24-93\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -8671,12 +8671,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
     
     int64_t bytes_202426 = c_72040 * bytes_201583;
     
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     if (memblock_alloc(ctx, &mem_201075, bytes_201074, "mem_201075")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     for (int64_t nest_i_203157 = 0; nest_i_203157 < k_72062; nest_i_203157++) {
         ((float *) mem_201075.mem)[nest_i_203157] = NAN;
     }
@@ -9023,7 +9023,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         if (err != FUTHARK_SUCCESS)
             goto cleanup;
     }
-    // lib/microgpt.fut:220:5-226:108
+    // lib/microgpt.fut:221:5-227:108
     
     bool defunc_0_train_steps_res_170432;
     int64_t defunc_0_train_steps_res_170436;
@@ -9097,7 +9097,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         bool range_valid_c_170466;
         
         if (!valid_170465) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_170461, " is invalid.", "-> #0  lib/batch.fut:51:6-52:102\n   #1  lib/microgpt.fut:166:16-74\n   #2  c_batch.fut:36:16-34\n   #3  lib/microgpt.fut:223:38-61\n   #4  c_batch.fut:34:92-36:69\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_170461, " is invalid.", "-> #0  lib/batch.fut:51:6-52:102\n   #1  lib/microgpt.fut:166:16-74\n   #2  c_batch.fut:36:16-34\n   #3  lib/microgpt.fut:224:38-61\n   #4  c_batch.fut:34:92-36:69\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9146,7 +9146,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         bool index_certs_170521;
         
         if (!ok_or_empty_170520) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) defunc_0_reduce_res_200351, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_170461, "].", "-> #0  lib/batch.fut:452:38-45\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) defunc_0_reduce_res_200351, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_170461, "].", "-> #0  lib/batch.fut:452:38-45\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9175,7 +9175,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         bool index_certs_170529;
         
         if (!ok_or_empty_170528) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_170461, "].", "-> #0  lib/batch.fut:453:39-46\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_170461, "].", "-> #0  lib/batch.fut:453:39-46\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9287,24 +9287,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         
         int64_t bytes_202375 = dzlz7bUZLztZRz20Ubz20Utz7dUzg_170495 * binop_x_202374;
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool x_184548 = sle64((int64_t) 0, i_170445);
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool y_184549 = slt64(i_170445, k_72062);
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool bounds_check_184550 = x_184548 && y_184549;
         
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         
         bool index_certs_184551;
         
         if (!bounds_check_184550) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_170445, "] out of bounds for array of shape [", (long long) k_72062, "].", "-> #0  lib/microgpt.fut:226:56-82\n   #1  c_batch.fut:34:92-36:69\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_170445, "] out of bounds for array of shape [", (long long) k_72062, "].", "-> #0  lib/microgpt.fut:227:56-82\n   #1  c_batch.fut:34:92-36:69\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -9702,7 +9702,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_170787;
             
             if (!bounds_check_170786) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170783, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170783, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9735,7 +9735,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_170794;
             
             if (!bounds_check_170793) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170790, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:72-73\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170790, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:72-73\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9760,7 +9760,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_170801;
             
             if (!bounds_check_170800) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170797, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:107-108\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170797, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:107-108\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9785,7 +9785,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_170808;
             
             if (!bounds_check_170807) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170804, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:241:33-34\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_170804, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:241:33-34\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9814,7 +9814,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool empty_or_match_cert_170814;
             
             if (!dim_match_170813) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_72040, "][", (long long) tmp_170811, "] cannot match shape of type \"[", (long long) c_72040, "][", (long long) tmp_170497, "]f32\".", "-> #0  lib/batch.fut:466:41-72\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_72040, "][", (long long) tmp_170811, "] cannot match shape of type \"[", (long long) c_72040, "][", (long long) tmp_170497, "]f32\".", "-> #0  lib/batch.fut:466:41-72\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -9949,11 +9949,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                     float defunc_0_lifted_tile_res_170881;
                     
                     if (cond_170633) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_197878 = lifted_at_res_170789 + min_res_170869;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_197879 = lifted_at_res_170789 + min_res_170871;
                         
@@ -10121,11 +10121,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         defunc_0_lifted_tile_res_170880 = defunc_0_reduce_comm_res_197895;
                         defunc_0_lifted_tile_res_170881 = defunc_0_reduce_comm_res_197896;
                     } else {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_170978 = lifted_at_res_170789 + min_res_170871;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_170976 = lifted_at_res_170789 + min_res_170869;
                         
@@ -10470,7 +10470,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool empty_or_match_cert_171687;
             
             if (!dim_match_171686) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_170495, "][", (long long) y_171684, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_170495, "][", (long long) c_72040, "]f32\".", "-> #0  lib/batch.fut:466:20-75\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_170495, "][", (long long) y_171684, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_170495, "][", (long long) c_72040, "]f32\".", "-> #0  lib/batch.fut:466:20-75\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -10570,11 +10570,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                     float defunc_0_lifted_tile_res_171724;
                     
                     if (cond_170633) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_198061 = lifted_at_res_170796 + min_res_171712;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_198062 = lifted_at_res_170796 + min_res_171714;
                         
@@ -10742,11 +10742,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         defunc_0_lifted_tile_res_171723 = defunc_0_reduce_comm_res_198078;
                         defunc_0_lifted_tile_res_171724 = defunc_0_reduce_comm_res_198079;
                     } else {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_171821 = lifted_at_res_170796 + min_res_171714;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_171819 = lifted_at_res_170796 + min_res_171712;
                         
@@ -11074,11 +11074,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                     float defunc_0_lifted_tile_res_172565;
                     
                     if (cond_170633) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_198224 = lifted_at_res_170803 + min_res_172553;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_198225 = lifted_at_res_170803 + min_res_172555;
                         
@@ -11246,11 +11246,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         defunc_0_lifted_tile_res_172564 = defunc_0_reduce_comm_res_198241;
                         defunc_0_lifted_tile_res_172565 = defunc_0_reduce_comm_res_198242;
                     } else {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_172662 = lifted_at_res_170803 + min_res_172555;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_172660 = lifted_at_res_170803 + min_res_172553;
                         
@@ -12405,7 +12405,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_184741;
             
             if (!bounds_check_184740) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_184737, "] out of bounds for array of shape [", (long long) dims_72052, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/batch.fut:400:34-119\n   #2  lib/batch.fut:468:29-87\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_184737, "] out of bounds for array of shape [", (long long) dims_72052, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/batch.fut:400:34-119\n   #2  lib/batch.fut:468:29-87\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13201,7 +13201,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_176204;
             
             if (!bounds_check_176203) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) j_176200, "] out of bounds for array of shape [", (long long) dims_72051, "].", "-> #0  lib/batch.fut:476:78-85\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) j_176200, "] out of bounds for array of shape [", (long long) dims_72051, "].", "-> #0  lib/batch.fut:476:78-85\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13230,7 +13230,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_176358;
             
             if (!bounds_check_176357) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_176354, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:246:14-35\n   #1  lib/batch.fut:250:47-48\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:223:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_176354, "] out of bounds for array of shape [", (long long) l_72036, "].", "-> #0  lib/batch.fut:246:14-35\n   #1  lib/batch.fut:250:47-48\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  c_batch.fut:36:16-34\n   #6  lib/microgpt.fut:224:38-61\n   #7  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13259,7 +13259,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool empty_or_match_cert_176364;
             
             if (!dim_match_176363) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_72040, "][", (long long) transposed_arg1_176361, "] cannot match shape of type \"[", (long long) c_72040, "][", (long long) tmp_170497, "]f32\".", "-> #0  lib/batch.fut:476:41-76\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_72040, "][", (long long) transposed_arg1_176361, "] cannot match shape of type \"[", (long long) c_72040, "][", (long long) tmp_170497, "]f32\".", "-> #0  lib/batch.fut:476:41-76\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13316,7 +13316,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
             bool index_certs_183349;
             
             if (!ok_or_empty_183348) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) first_183338, ":", (long long) tmp_183339, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:478:15-52\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:223:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) first_183338, ":", (long long) tmp_183339, "] out of bounds for array of shape [", (long long) rows_72039, "].", "-> #0  lib/batch.fut:478:15-52\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  c_batch.fut:36:16-34\n   #4  lib/microgpt.fut:224:38-61\n   #5  c_batch.fut:34:92-36:69\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -13376,7 +13376,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         
                         int64_t min_res_189372 = smin64(min_arg0_170653, column_arg0_189371);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float tmp_189373 = ((float *) mem_201124)[j_176200 * lmad_arg_201232 + b_189366 * tmp_170497 + min_res_189372];
                         
@@ -14038,7 +14038,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         
                         int64_t min_res_189309 = smin64(min_arg0_170645, column_arg0_189308);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float tmp_189310 = ((float *) mem_201148)[j_176200 * lmad_arg_201240 + b_189303 * c_72040 + min_res_189309];
                         
@@ -14064,7 +14064,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         
                         int64_t min_res_189326 = smin64(min_arg0_170645, column_arg0_189325);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float tmp_189327 = ((float *) mem_201152)[j_176200 * lmad_arg_201240 + b_189320 * c_72040 + min_res_189326];
                         
@@ -14090,7 +14090,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                         
                         int64_t min_res_189344 = smin64(min_arg0_170645, column_arg0_189343);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float tmp_189345 = ((float *) mem_201144)[j_176200 * lmad_arg_201240 + b_189338 * c_72040 + min_res_189344];
                         
@@ -18714,14 +18714,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
                 ((float *) v_mem_201073.mem)[c_72040 * head_end_175018 + i_200987 * c_72040 + i_200977] = lifted_lambda_res_184523;
             }
         }
-        // lib/microgpt.fut:225:31-45
+        // lib/microgpt.fut:226:31-45
         
         bool cond_f_res_184544 = !cond_184409;
         bool x_184697 = !ok_184410;
         bool y_184698 = cond_f_res_184544 && x_184697;
         bool cond_184542 = ok_184410 || y_184698;
         
-        // lib/microgpt.fut:225:22-68
+        // lib/microgpt.fut:226:22-68
         
         float reported_184545;
         
@@ -18730,7 +18730,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         } else {
             reported_184545 = NAN;
         }
-        // lib/microgpt.fut:226:25-54
+        // lib/microgpt.fut:227:25-54
         
         int64_t tmp_184546;
         
@@ -18739,14 +18739,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         } else {
             tmp_184546 = step_170443;
         }
-        // lib/microgpt.fut:226:56-82
+        // lib/microgpt.fut:227:56-82
         ((float *) mem_201075.mem)[i_170445] = reported_184545;
-        // lib/microgpt.fut:226:84-107
+        // lib/microgpt.fut:227:84-107
         
         int64_t tmp_184553;
         
         if (ok_184410) {
-            // lib/microgpt.fut:226:97-100
+            // lib/microgpt.fut:227:97-100
             
             int64_t tmp_t_res_200349 = add64((int64_t) 1, i_170445);
             
@@ -18754,7 +18754,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_batch(struct futhark_context *ctx, struc
         } else {
             tmp_184553 = k_72062;
         }
-        // lib/microgpt.fut:222:13-16
+        // lib/microgpt.fut:223:13-16
         
         bool loop_cond_184555 = slt64(tmp_184553, k_72062);
         bool loop_while_tmp_203158 = loop_cond_184555;

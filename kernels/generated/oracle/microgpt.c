@@ -7430,7 +7430,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool nonzzero_cert_236220;
     
     if (!protect_assert_disj_236522) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:214:13-21\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:214:13-21\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7648,7 +7648,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_125444;
     
     if (!protect_assert_disj_310321) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7662,7 +7662,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_125454;
     
     if (!protect_assert_disj_310323) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -7676,7 +7676,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
     bool index_certs_125462;
     
     if (!protect_assert_disj_310325) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/model.fut:254:29-57\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -11481,69 +11481,69 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         int64_t bytes_301898 = dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419 * binop_x_301897;
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool empty_slice_125425 = defunc_0_reduce_res_298678 == (int64_t) 0;
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool zzero_leq_i_p_m_t_s_125426 = sle64((int64_t) 0, defunc_0_reduce_res_298678);
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool i_p_m_t_s_leq_w_125427 = slt64(defunc_0_reduce_res_298678, dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419);
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool i_lte_j_125428 = sle64((int64_t) 1, dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419);
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool y_125429 = zzero_leq_i_p_m_t_s_125426 && i_p_m_t_s_leq_w_125427;
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool forwards_ok_125430 = i_lte_j_125428 && y_125429;
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool ok_or_empty_125431 = empty_slice_125425 || forwards_ok_125430;
         
-        // lib/microgpt.fut:267:64-71
+        // lib/microgpt.fut:268:64-71
         
         bool index_certs_125432;
         
         if (!ok_or_empty_125431) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419, "].", "-> #0  lib/microgpt.fut:267:64-71\n   #1  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419, "].", "-> #0  lib/microgpt.fut:268:64-71\n   #1  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:267:44-51
+        // lib/microgpt.fut:268:44-51
         
         int64_t m_125435 = sub64(defunc_0_reduce_res_298678, (int64_t) 1);
         
-        // lib/microgpt.fut:267:44-51
+        // lib/microgpt.fut:268:44-51
         
         bool zzero_leq_i_p_m_t_s_125436 = sle64((int64_t) 0, m_125435);
         
-        // lib/microgpt.fut:267:44-51
+        // lib/microgpt.fut:268:44-51
         
         bool i_p_m_t_s_leq_w_125437 = slt64(m_125435, dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419);
         
-        // lib/microgpt.fut:267:44-51
+        // lib/microgpt.fut:268:44-51
         
         bool y_125438 = zzero_leq_i_p_m_t_s_125436 && i_p_m_t_s_leq_w_125437;
         
-        // lib/microgpt.fut:267:44-51
+        // lib/microgpt.fut:268:44-51
         
         bool ok_or_empty_125439 = empty_slice_125425 || y_125438;
         
-        // lib/microgpt.fut:267:44-51
+        // lib/microgpt.fut:268:44-51
         
         bool index_certs_125440;
         
         if (!ok_or_empty_125439) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) defunc_0_reduce_res_298678, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419, "].", "-> #0  lib/microgpt.fut:267:44-51\n   #1  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) defunc_0_reduce_res_298678, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_125419, "].", "-> #0  lib/microgpt.fut:268:44-51\n   #1  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11564,7 +11564,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool dim_ok_cert_125451;
         
         if (!binop_y_125450) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125446, "] to array of shape [", (long long) dims_57119, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125446, "] to array of shape [", (long long) dims_57119, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11577,7 +11577,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool dim_ok_cert_125459;
         
         if (!binop_x_125458) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125456, "] to array of shape [", (long long) dims_57115, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125456, "] to array of shape [", (long long) dims_57115, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/model.fut:254:29-57\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11585,7 +11585,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool binop_x_125468 = sle64((int64_t) 0, tmp_125441);
         
-        // lib/microgpt.fut:263:69-269:29
+        // lib/microgpt.fut:264:69-270:29
         
         bool protect_assert_disj_125470 = binop_x_125468 || loop_not_taken_236515;
         
@@ -11594,7 +11594,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool dim_ok_cert_125471;
         
         if (!protect_assert_disj_125470) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125467, "] to array of shape [", (long long) tmp_125441, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125467, "] to array of shape [", (long long) tmp_125441, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11602,7 +11602,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         
         bool binop_x_125474 = sle64((int64_t) 0, tmp_125442);
         
-        // lib/microgpt.fut:263:69-269:29
+        // lib/microgpt.fut:264:69-270:29
         
         bool protect_assert_disj_125475 = binop_x_125474 || loop_not_taken_236515;
         
@@ -11611,7 +11611,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool dim_ok_cert_125476;
         
         if (!protect_assert_disj_125475) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125473, "] to array of shape [", (long long) tmp_125442, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:167:13-35\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_125473, "] to array of shape [", (long long) tmp_125442, "][", (long long) dims_57116, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:167:13-35\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11629,7 +11629,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
         bool range_valid_c_236285;
         
         if (!protect_assert_disj_236518) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_57117, " is invalid.", "-> #0  lib/model.fut:228:43-54\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dims_57117, " is invalid.", "-> #0  lib/model.fut:228:43-54\n   #1  lib/model.fut:257:14-67\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -11910,7 +11910,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283424;
                 
                 if (!y_283422) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_299223, "] out of bounds for array of shape [", (long long) dims_57115, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_299223, "] out of bounds for array of shape [", (long long) dims_57115, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -11935,7 +11935,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283429;
                 
                 if (!bounds_check_283428) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_283425, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_283425, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12037,7 +12037,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283456;
                 
                 if (!bounds_check_283455) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283452, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283452, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12062,7 +12062,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283490;
                 
                 if (!bounds_check_283489) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283486, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283486, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12087,7 +12087,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283589;
                 
                 if (!bounds_check_283588) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283585, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283585, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12112,7 +12112,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283637;
                 
                 if (!bounds_check_283636) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283633, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_283633, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12628,7 +12628,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
             }
             if (memblock_unref(ctx, &ext_mem_302228, "ext_mem_302228") != 0)
                 return 1;
-            // lib/microgpt.fut:268:8-75
+            // lib/microgpt.fut:269:8-75
             
             float defunc_res_297388;
             float redout_299377 = 0.0F;
@@ -12658,7 +12658,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_283724;
                 
                 if (!bounds_check_283723) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_283720, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:245:42-59\n   #1  lib/model.fut:258:11-24\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_283720, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:245:42-59\n   #1  lib/model.fut:258:11-24\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -12722,11 +12722,11 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 float cross_entropy_res_283726 = log_res_283719 - zm_rhs_283725;
                 
-                // lib/microgpt.fut:268:31-58
+                // lib/microgpt.fut:269:31-58
                 
                 bool cond_283727 = slt64(i_299378, eta_p_283415);
                 
-                // lib/microgpt.fut:268:31-58
+                // lib/microgpt.fut:269:31-58
                 
                 float lifted_lambda_res_283728;
                 
@@ -12735,7 +12735,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 } else {
                     lifted_lambda_res_283728 = 0.0F;
                 }
-                // lib/microgpt.fut:268:8-75
+                // lib/microgpt.fut:269:8-75
                 
                 float zp_res_283731 = lifted_lambda_res_283728 + redout_299377;
                 float redout_tmp_310751 = zp_res_283731;
@@ -13438,7 +13438,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_270331;
                 
                 if (!y_270329) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_299392, "] out of bounds for array of shape [", (long long) dims_57115, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_299392, "] out of bounds for array of shape [", (long long) dims_57115, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -13463,7 +13463,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_270336;
                 
                 if (!bounds_check_270335) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_270332, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_270332, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -13566,7 +13566,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_270363;
                 
                 if (!bounds_check_270362) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270359, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270359, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -13681,7 +13681,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_270397;
                 
                 if (!bounds_check_270396) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270393, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270393, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -13917,7 +13917,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_270496;
                 
                 if (!bounds_check_270495) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270492, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270492, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -14044,7 +14044,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_270544;
                 
                 if (!bounds_check_270543) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270540, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_270540, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -14260,7 +14260,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 
                 int64_t i32_res_270800 = sext_i32_i64(eta_p_270775);
                 
-                // lib/microgpt.fut:268:31-58
+                // lib/microgpt.fut:269:31-58
                 
                 bool cond_270807 = slt64(i_299552, eta_p_270322);
                 float branch_adj_270846;
@@ -14438,7 +14438,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_271097;
                 
                 if (!bounds_check_271096) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271093, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271093, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -14553,7 +14553,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_271131;
                 
                 if (!bounds_check_271130) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271127, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271127, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -14789,7 +14789,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_271230;
                 
                 if (!bounds_check_271229) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271226, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271226, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -14915,7 +14915,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_271278;
                 
                 if (!bounds_check_271277) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271274, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:263:31-267:89\n   #4  lib/microgpt.fut:263:69-269:29\n   #5  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_271274, "] out of bounds for array of shape [", (long long) l_57103, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/model.fut:257:35-64\n   #3  lib/microgpt.fut:264:31-268:89\n   #4  lib/microgpt.fut:264:69-270:29\n   #5  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -16096,7 +16096,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_273181;
                 
                 if (!y_273179) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_299864, "] out of bounds for array of shape [", (long long) dims_57115, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_299864, "] out of bounds for array of shape [", (long long) dims_57115, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -16121,7 +16121,7 @@ FUTHARK_FUN_ATTR int futrts_entry_grad_vjp(struct futhark_context *ctx, struct m
                 bool index_certs_273186;
                 
                 if (!bounds_check_273185) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_273182, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:263:31-267:89\n   #3  lib/microgpt.fut:263:69-269:29\n   #4  tests/oracle.fut:44:30-79\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_273182, "] out of bounds for array of shape [", (long long) dims_57119, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/model.fut:255:17-37\n   #2  lib/microgpt.fut:264:31-268:89\n   #3  lib/microgpt.fut:264:69-270:29\n   #4  tests/oracle.fut:44:30-79\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -16635,28 +16635,28 @@ FUTHARK_FUN_ATTR int futrts_entry_new_model(struct futhark_context *ctx, struct 
     int64_t prim_out_310347;
     int64_t prim_out_310348;
     
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     
     int64_t bytes_301893 = (int64_t) 8 * d_51872;
     
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     if (memblock_alloc(ctx, &mem_301894, bytes_301893, "mem_301894")) {
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:246:17-81
+    // lib/microgpt.fut:247:17-81
     for (int64_t i_298690 = 0; i_298690 < d_51872; i_298690++) {
         int32_t eta_p_103894 = ((int32_t *) lengths_mem_301892.mem)[i_298690];
         
-        // lib/microgpt.fut:246:53-67
+        // lib/microgpt.fut:247:53-67
         
         int64_t i32_res_103895 = sext_i32_i64(eta_p_103894);
         
-        // lib/microgpt.fut:246:68-71
+        // lib/microgpt.fut:247:68-71
         
         int64_t min_arg1_103896 = sub64(i32_res_103895, (int64_t) 1);
         
-        // lib/microgpt.fut:246:33-71
+        // lib/microgpt.fut:247:33-71
         
         int64_t min_res_103897 = smin64(block_sizze_51876, min_arg1_103896);
         
@@ -16917,7 +16917,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool nonzzero_cert_273761;
     
     if (!protect_assert_disj_307473) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:253:14-43\n   #2  tests/oracle.fut:21:33-23:31\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:146:41-51\n   #1  lib/microgpt.fut:254:14-43\n   #2  tests/oracle.fut:21:33-23:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -16990,7 +16990,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool index_certs_273779;
     
     if (!protect_assert_disj_307463) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_273775, "] out of bounds for array of shape [", (long long) l_52370, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:253:14-43\n   #2  tests/oracle.fut:21:33-23:31\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zp_lhs_273775, "] out of bounds for array of shape [", (long long) l_52370, "].", "-> #0  lib/model.fut:148:20-33\n   #1  lib/microgpt.fut:254:14-43\n   #2  tests/oracle.fut:21:33-23:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -17029,16 +17029,16 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
     bool layout_fits_res_t_res_273774 = cond_273773 || layout_fits_res_t_res_f_res_273783;
     bool x_307480 = layout_fits_res_t_res_273774 && x_307477;
     
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     bool assert_c_104643;
     
     if (!x_307480) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:253:6-112\n   #1  tests/oracle.fut:21:33-23:31\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "Assertion is false: (layout_fits s.dims p s.layout)", "-> #0  lib/microgpt.fut:254:6-112\n   #1  tests/oracle.fut:21:33-23:31\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:6-112
+    // lib/microgpt.fut:254:6-112
     
     int64_t tmp_104644;
     
@@ -17046,7 +17046,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:77-88
+    // lib/microgpt.fut:254:77-88
     
     int64_t tmp_104646;
     
@@ -17054,7 +17054,7 @@ FUTHARK_FUN_ATTR int futrts_entry_new_weights(struct futhark_context *ctx, struc
         err = 1;
         goto cleanup;
     }
-    // lib/microgpt.fut:253:94-105
+    // lib/microgpt.fut:254:94-105
     
     int64_t tmp_104648;
     
@@ -17875,7 +17875,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     
     int64_t update_rows_arg2_219985 = add64(dims_102507, dims_102511);
     
-    // lib/microgpt.fut:220:5-226:108
+    // lib/microgpt.fut:221:5-227:108
     
     bool loop_cond_217552 = slt64((int64_t) 0, k_102521);
     
@@ -17912,7 +17912,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool nonzzero_cert_218124;
     
     if (!protect_assert_disj_236174) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/train.fut:89:13-16\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/train.fut:89:13-16\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -17931,7 +17931,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool range_valid_c_225740;
     
     if (!protect_assert_disj_308970) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220780, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:207:65-208:56\n   #3  lib/batch.fut:474:25-77\n   #4  lib/batch.fut:494:55-497:90\n   #5  lib/microgpt.fut:167:23-84\n   #6  tests/oracle.fut:51:21-39\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-51:70\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220780, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:207:65-208:56\n   #3  lib/batch.fut:474:25-77\n   #4  lib/batch.fut:494:55-497:90\n   #5  lib/microgpt.fut:167:23-84\n   #6  tests/oracle.fut:51:21-39\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-51:70\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -17951,7 +17951,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     
     bool dim_match_226121 = dzlz7bUZLztZRz20U12z20Ucz7dUzg_220633 == conc_tmp_226120;
     
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_226122 = loop_not_taken_217645 || dim_match_226121;
     bool protect_assert_disj_234756 = protect_assert_disj_226122 || loop_not_taken_234709;
@@ -17962,7 +17962,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool empty_or_match_cert_226123;
     
     if (!protect_assert_disj_308972) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_226120, "][", (long long) c_102499, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20U12z20Ucz7dUzg_220633, "][", (long long) c_102499, "]f32\".", "-> #0  lib/batch.fut:476:21-88\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_226120, "][", (long long) c_102499, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20U12z20Ucz7dUzg_220633, "][", (long long) c_102499, "]f32\".", "-> #0  lib/batch.fut:476:21-88\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -17981,7 +17981,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool nonzzero_cert_274959;
     
     if (!protect_assert_disj_307744) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:56:18-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  tests/oracle.fut:50:37-49\n   #3  lib/microgpt.fut:223:38-61\n   #4  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:56:18-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  tests/oracle.fut:50:37-49\n   #3  lib/microgpt.fut:224:38-61\n   #4  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18004,7 +18004,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool index_certs_274965;
     
     if (!protect_assert_disj_307746) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:173:16-25\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18031,7 +18031,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool dim_ok_cert_274973;
     
     if (!protect_assert_disj_307749) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_274968, "] to array of shape [", (long long) dims_102511, "][", (long long) dims_102508, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_274968, "] to array of shape [", (long long) dims_102511, "][", (long long) dims_102508, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:4-29\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18046,7 +18046,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool index_certs_274976;
     
     if (!protect_assert_disj_307751) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:173:43-52\n   #1  lib/train.fut:41:23-51\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18065,7 +18065,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool dim_ok_cert_274982;
     
     if (!protect_assert_disj_307754) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_274979, "] to array of shape [", (long long) dims_102507, "][", (long long) dims_102508, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_274979, "] to array of shape [", (long long) dims_102507, "][", (long long) dims_102508, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:173:31-56\n   #2  lib/train.fut:41:23-51\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18088,7 +18088,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool dim_ok_cert_274987;
     
     if (!protect_assert_disj_307756) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_274983, "] to array of shape [", (long long) c3_217611, "][", (long long) dims_102508, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Cannot unflatten array of shape [", (long long) dzlz7bUZLztZRz20Urowsz20Ucolsz7dUzg_274983, "] to array of shape [", (long long) c3_217611, "][", (long long) dims_102508, "]", "-> #0  lib/model.fut:156:3-77\n   #1  lib/model.fut:166:14-37\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18103,7 +18103,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool index_certs_274992;
     
     if (!protect_assert_disj_307758) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/train.fut:162:25-53\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:173:70-79\n   #1  lib/train.fut:162:25-53\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18122,7 +18122,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool nonzzero_cert_275001;
     
     if (!protect_assert_disj_307761) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:101:47-50\n   #1  lib/train.fut:132:25-59\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:101:47-50\n   #1  lib/train.fut:132:25-59\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18153,7 +18153,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool empty_or_match_cert_275019;
     
     if (!protect_assert_disj_307763) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_275015, "] cannot match shape of type \"[", (long long) c3_217611, "]f32\".", "-> #0  lib/train.fut:105:35-106:64\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) conc_tmp_275015, "] cannot match shape of type \"[", (long long) c3_217611, "]f32\".", "-> #0  lib/train.fut:105:35-106:64\n   #1  lib/train.fut:135:21-81\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18172,7 +18172,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool nonzzero_cert_275025;
     
     if (!protect_assert_disj_307765) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:101:47-50\n   #1  lib/train.fut:92:14-41\n   #2  lib/train.fut:135:21-81\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:101:47-50\n   #1  lib/train.fut:92:14-41\n   #2  lib/train.fut:135:21-81\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18187,7 +18187,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool nonzzero_cert_275028;
     
     if (!protect_assert_disj_307767) {
-        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:101:47-50\n   #1  lib/train.fut:94:14-43\n   #2  lib/train.fut:135:21-81\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/model.fut:101:47-50\n   #1  lib/train.fut:94:14-43\n   #2  lib/train.fut:135:21-81\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18202,7 +18202,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool index_certs_275032;
     
     if (!protect_assert_disj_307769) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:143:12-29\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:143:12-29\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18217,7 +18217,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool index_certs_275035;
     
     if (!protect_assert_disj_307771) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:144:12-27\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:144:12-27\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18236,7 +18236,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool range_valid_c_275042;
     
     if (!protect_assert_disj_307773) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_219985, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-243:27\n   #2  lib/microgpt.fut:135:24-87\n   #3  tests/oracle.fut:50:37-49\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_219985, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-243:27\n   #2  lib/microgpt.fut:135:24-87\n   #3  tests/oracle.fut:50:37-49\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18248,7 +18248,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     
     bool valid_275056 = !bounds_invalid_upwards_275055;
     
-    // lib/microgpt.fut:223:38-61
+    // lib/microgpt.fut:224:38-61
     
     bool protect_assert_disj_275057 = loop_not_taken_217645 || valid_275056;
     bool protect_assert_disj_275058 = loop_not_taken_234709 || protect_assert_disj_275057;
@@ -18259,7 +18259,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     bool range_valid_c_275059;
     
     if (!protect_assert_disj_307775) {
-        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dzlz7bUZLztZRz20U12z20Ucz7dUzg_220633, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-249:91\n   #2  lib/microgpt.fut:135:24-87\n   #3  tests/oracle.fut:50:37-49\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-50:80\n"));
+        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dzlz7bUZLztZRz20U12z20Ucz7dUzg_220633, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:237:62-249:91\n   #2  lib/microgpt.fut:135:24-87\n   #3  tests/oracle.fut:50:37-49\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-50:80\n"));
         err = FUTHARK_PROGRAM_ERROR;
         goto cleanup;
     }
@@ -18359,7 +18359,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     
     int64_t d_218125 = sdiv_safe64(dims_102508, dims_102509);
     
-    // lib/microgpt.fut:221:31-50
+    // lib/microgpt.fut:222:31-50
     
     int64_t bytes_301896 = (int64_t) 4 * k_102521;
     
@@ -18651,12 +18651,12 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
     int64_t train_gpu_res_217548;
     
     if (cond_217545) {
-        // lib/microgpt.fut:221:31-50
+        // lib/microgpt.fut:222:31-50
         if (memblock_alloc(ctx, &mem_306072, bytes_301896, "mem_306072")) {
             err = 1;
             goto cleanup;
         }
-        // lib/microgpt.fut:221:31-50
+        // lib/microgpt.fut:222:31-50
         for (int64_t nest_i_310337 = 0; nest_i_310337 < k_102521; nest_i_310337++) {
             ((float *) mem_306072.mem)[nest_i_310337] = NAN;
         }
@@ -18756,7 +18756,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // lib/microgpt.fut:220:5-226:108
+        // lib/microgpt.fut:221:5-227:108
         
         bool defunc_0_train_steps_res_275068;
         int64_t defunc_0_train_steps_res_275072;
@@ -18790,7 +18790,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool index_certs_275086;
             
             if (!bounds_check_275085) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_275082, "] out of bounds for array of shape [", (long long) d_102497, "].", "-> #0  lib/microgpt.fut:57:7-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  tests/oracle.fut:50:37-49\n   #3  lib/microgpt.fut:223:38-61\n   #4  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) doc_275082, "] out of bounds for array of shape [", (long long) d_102497, "].", "-> #0  lib/microgpt.fut:57:7-21\n   #1  lib/microgpt.fut:128:59-131:33\n   #2  tests/oracle.fut:50:37-49\n   #3  lib/microgpt.fut:224:38-61\n   #4  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -18859,7 +18859,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool index_certs_275102;
             
             if (!ok_or_empty_275101) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) step_sources_arg4_275089, ":", (long long) step_sources_arg4_275090, "] out of bounds for array of shape [", (long long) n_102496, "].", "-> #0  lib/microgpt.fut:133:39-72\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:223:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) step_sources_arg4_275089, ":", (long long) step_sources_arg4_275090, "] out of bounds for array of shape [", (long long) n_102496, "].", "-> #0  lib/microgpt.fut:133:39-72\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:224:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -18928,7 +18928,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool index_certs_275131;
             
             if (!ok_or_empty_275130) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275087, ":", (long long) step_sources_arg3_275127, "] out of bounds for array of shape [", (long long) n_102496, "].", "-> #0  lib/microgpt.fut:132:57-82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:223:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275087, ":", (long long) step_sources_arg3_275127, "] out of bounds for array of shape [", (long long) n_102496, "].", "-> #0  lib/microgpt.fut:132:57-82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:224:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -18993,7 +18993,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool range_valid_c_275560;
             
             if (!valid_275559) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_306216, " is invalid.", "-> #0  lib/model.fut:103:25-36\n   #1  lib/train.fut:132:25-59\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_306216, " is invalid.", "-> #0  lib/model.fut:103:25-36\n   #1  lib/train.fut:132:25-59\n   #2  lib/train.fut:157:22-164:65\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -19022,7 +19022,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool range_valid_c_275643;
             
             if (!protect_assert_disj_275642) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_306215, " is invalid.", "-> #0  lib/model.fut:103:25-36\n   #1  lib/train.fut:92:14-41\n   #2  lib/train.fut:135:21-81\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) lmad_arg_306215, " is invalid.", "-> #0  lib/model.fut:103:25-36\n   #1  lib/train.fut:92:14-41\n   #2  lib/train.fut:135:21-81\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -19047,7 +19047,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool empty_or_match_cert_276268;
             
             if (!dim_match_275036) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_102510, "][", (long long) tmp_275088, "][", (long long) tmp_217610, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:223:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_102510, "][", (long long) tmp_275088, "][", (long long) tmp_217610, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:224:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -19056,7 +19056,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool empty_or_match_cert_276270;
             
             if (!dim_match_275038) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) dims_102508, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:223:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) dims_102508, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:224:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -19065,7 +19065,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool empty_or_match_cert_276271;
             
             if (!dim_match_275038) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_102510, "][", (long long) tmp_275088, "][", (long long) dims_102508, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:223:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_102510, "][", (long long) tmp_275088, "][", (long long) dims_102508, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:224:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -19074,28 +19074,28 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool empty_or_match_cert_276272;
             
             if (!dim_match_275037) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_102510, "][", (long long) tmp_275088, "][", (long long) c3_217611, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:223:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dims_102510, "][", (long long) tmp_275088, "][", (long long) c3_217611, "] cannot match shape of type \"{dlogits: [", (long long) tmp_275088, "][", (long long) dims_102511, "]f32, grads: [", (long long) dims_102510, "]{dhid: [", (long long) tmp_275088, "][", (long long) tmp_220636, "]f32, dqkv: [", (long long) tmp_275088, "][", (long long) tmp_220635, "]f32, dxmid: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32, dxout: [", (long long) tmp_275088, "][", (long long) c_102499, "]f32}, inputs: [", (long long) tmp_275088, "]i32, xs: [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "][", (long long) tmp_275088, "][", (long long) c_102499, "]f32}\".", "-> #0  lib/microgpt.fut:128:59-133:82\n   #1  tests/oracle.fut:50:37-49\n   #2  lib/microgpt.fut:224:38-61\n   #3  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool x_277340 = sle64((int64_t) 0, i_275081);
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool y_277341 = slt64(i_275081, k_102521);
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool bounds_check_277342 = x_277340 && y_277341;
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool index_certs_277343;
             
             if (!bounds_check_277342) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_275081, "] out of bounds for array of shape [", (long long) k_102521, "].", "-> #0  lib/microgpt.fut:226:56-82\n   #1  tests/oracle.fut:48:90-50:80\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_275081, "] out of bounds for array of shape [", (long long) k_102521, "].", "-> #0  lib/microgpt.fut:227:56-82\n   #1  tests/oracle.fut:48:90-50:80\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -19262,7 +19262,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275140;
                 
                 if (!y_275138) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_298701, "] out of bounds for array of shape [", (long long) dims_102507, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_298701, "] out of bounds for array of shape [", (long long) dims_102507, "].", "-> #0  lib/model.fut:237:55-63\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -19287,7 +19287,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275145;
                 
                 if (!bounds_check_275144) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_275141, "] out of bounds for array of shape [", (long long) dims_102511, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_275141, "] out of bounds for array of shape [", (long long) dims_102511, "].", "-> #0  lib/model.fut:237:38-54\n   #1  lib/train.fut:42:18-38\n   #2  lib/train.fut:157:22-161:55\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -19468,7 +19468,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275197;
                 
                 if (!bounds_check_275196) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275193, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275193, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -19493,7 +19493,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275239;
                 
                 if (!bounds_check_275238) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275235, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275235, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -19518,7 +19518,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275358;
                 
                 if (!bounds_check_275357) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275354, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275354, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -19543,7 +19543,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275416;
                 
                 if (!bounds_check_275415) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275412, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275412, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:50:34-63\n   #3  lib/train.fut:157:22-161:55\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20122,7 +20122,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275538;
                 
                 if (!bounds_check_275537) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_275534, "] out of bounds for array of shape [", (long long) dims_102511, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/train.fut:72:34-90\n   #2  lib/train.fut:163:25-62\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_275534, "] out of bounds for array of shape [", (long long) dims_102511, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/train.fut:72:34-90\n   #2  lib/train.fut:163:25-62\n   #3  lib/microgpt.fut:63:25-90\n   #4  lib/microgpt.fut:128:59-133:82\n   #5  tests/oracle.fut:50:37-49\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20382,15 +20382,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     
                     int64_t index_primexp_275591 = matrix_arg1_274993 + new_index_275590;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275592 = squot64(index_primexp_275591, c_102499);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_275593 = c_102499 * new_index_275592;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275594 = index_primexp_275591 - binop_y_275593;
                     
@@ -20414,15 +20414,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     
                     int64_t index_primexp_275599 = matrix_arg1_274993 + new_index_275598;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275600 = squot64(index_primexp_275599, c_102499);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_275601 = c_102499 * new_index_275600;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275602 = index_primexp_275599 - binop_y_275601;
                     
@@ -20450,15 +20450,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     
                     int64_t index_primexp_275608 = matrix_arg1_274993 + new_index_275607;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275609 = squot64(index_primexp_275608, c_102499);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_275610 = c_102499 * new_index_275609;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275611 = index_primexp_275608 - binop_y_275610;
                     
@@ -20486,15 +20486,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     
                     int64_t index_primexp_275617 = matrix_arg1_274993 + new_index_275616;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275618 = squot64(index_primexp_275617, c_102499);
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t binop_y_275619 = c_102499 * new_index_275618;
                     
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     int64_t new_index_275620 = index_primexp_275617 - binop_y_275619;
                     
@@ -20719,7 +20719,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275660;
                 
                 if (!bounds_check_275659) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) l_275656, "] out of bounds for array of shape [", (long long) dims_102510, "].", "-> #0  lib/train.fut:135:71-78\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) l_275656, "] out of bounds for array of shape [", (long long) dims_102510, "].", "-> #0  lib/train.fut:135:71-78\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20748,7 +20748,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275666;
                 
                 if (!bounds_check_275665) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275662, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275662, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:59-60\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20773,7 +20773,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275750;
                 
                 if (!bounds_check_275749) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275746, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275746, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:60-61\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20798,7 +20798,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_275756;
                 
                 if (!bounds_check_275755) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275752, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_275752, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:167:29-30\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20823,7 +20823,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_276062;
                 
                 if (!bounds_check_276061) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_276058, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_276058, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/model.fut:165:14-35\n   #1  lib/model.fut:166:30-31\n   #2  lib/train.fut:135:40-69\n   #3  lib/train.fut:157:22-164:65\n   #4  lib/microgpt.fut:63:25-90\n   #5  lib/microgpt.fut:128:59-133:82\n   #6  tests/oracle.fut:50:37-49\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -20979,15 +20979,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275697 = lifted_at_res_275667 + new_index_275696;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275698 = squot64(index_primexp_275697, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275699 = c_102499 * new_index_275698;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275700 = index_primexp_275697 - binop_y_275699;
                         
@@ -21011,15 +21011,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275705 = lifted_at_res_275667 + new_index_275704;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275706 = squot64(index_primexp_275705, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275707 = c_102499 * new_index_275706;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275708 = index_primexp_275705 - binop_y_275707;
                         
@@ -21047,15 +21047,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275714 = lifted_at_res_275667 + new_index_275713;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275715 = squot64(index_primexp_275714, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275716 = c_102499 * new_index_275715;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275717 = index_primexp_275714 - binop_y_275716;
                         
@@ -21083,15 +21083,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275723 = lifted_at_res_275667 + new_index_275722;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275724 = squot64(index_primexp_275723, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275725 = c_102499 * new_index_275724;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275726 = index_primexp_275723 - binop_y_275725;
                         
@@ -21308,15 +21308,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275787 = lifted_at_res_275757 + new_index_275786;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275788 = squot64(index_primexp_275787, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275789 = c_102499 * new_index_275788;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275790 = index_primexp_275787 - binop_y_275789;
                         
@@ -21340,15 +21340,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275795 = lifted_at_res_275757 + new_index_275794;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275796 = squot64(index_primexp_275795, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275797 = c_102499 * new_index_275796;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275798 = index_primexp_275795 - binop_y_275797;
                         
@@ -21376,15 +21376,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275804 = lifted_at_res_275757 + new_index_275803;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275805 = squot64(index_primexp_275804, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275806 = c_102499 * new_index_275805;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275807 = index_primexp_275804 - binop_y_275806;
                         
@@ -21412,15 +21412,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275813 = lifted_at_res_275757 + new_index_275812;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275814 = squot64(index_primexp_275813, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275815 = c_102499 * new_index_275814;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275816 = index_primexp_275813 - binop_y_275815;
                         
@@ -21662,15 +21662,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275882 = lifted_at_res_275751 + new_index_275881;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275883 = squot64(index_primexp_275882, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275884 = c_102499 * new_index_275883;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275885 = index_primexp_275882 - binop_y_275884;
                         
@@ -21694,15 +21694,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275890 = lifted_at_res_275751 + new_index_275889;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275891 = squot64(index_primexp_275890, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275892 = c_102499 * new_index_275891;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275893 = index_primexp_275890 - binop_y_275892;
                         
@@ -21730,15 +21730,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275899 = lifted_at_res_275751 + new_index_275898;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275900 = squot64(index_primexp_275899, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275901 = c_102499 * new_index_275900;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275902 = index_primexp_275899 - binop_y_275901;
                         
@@ -21766,15 +21766,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_275908 = lifted_at_res_275751 + new_index_275907;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275909 = squot64(index_primexp_275908, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_275910 = c_102499 * new_index_275909;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_275911 = index_primexp_275908 - binop_y_275910;
                         
@@ -22333,15 +22333,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_276129 = lifted_at_res_276063 + new_index_276128;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276130 = squot64(index_primexp_276129, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_276131 = c_102499 * new_index_276130;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276132 = index_primexp_276129 - binop_y_276131;
                         
@@ -22365,15 +22365,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_276137 = lifted_at_res_276063 + new_index_276136;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276138 = squot64(index_primexp_276137, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_276139 = c_102499 * new_index_276138;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276140 = index_primexp_276137 - binop_y_276139;
                         
@@ -22401,15 +22401,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_276146 = lifted_at_res_276063 + new_index_276145;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276147 = squot64(index_primexp_276146, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_276148 = c_102499 * new_index_276147;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276149 = index_primexp_276146 - binop_y_276148;
                         
@@ -22437,15 +22437,15 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         int64_t index_primexp_276155 = lifted_at_res_276063 + new_index_276154;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276156 = squot64(index_primexp_276155, c_102499);
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t binop_y_276157 = c_102499 * new_index_276156;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t new_index_276158 = index_primexp_276155 - binop_y_276157;
                         
@@ -22680,7 +22680,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_276235;
                 
                 if (!bounds_check_276234) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_276231, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:147:23-49\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_276231, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:147:23-49\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -22705,7 +22705,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_276241;
                 
                 if (!bounds_check_276240) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_276237, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:148:23-48\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_276237, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:148:23-48\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -22730,7 +22730,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_276247;
                 
                 if (!bounds_check_276246) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_276243, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:149:23-50\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) xs_276243, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:149:23-50\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -22770,7 +22770,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     bool index_certs_276266;
                     
                     if (!bounds_check_276265) {
-                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_276262, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:151:19-152:98\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                        set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_276262, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/train.fut:151:19-152:98\n   #1  lib/train.fut:157:22-164:65\n   #2  lib/microgpt.fut:63:25-90\n   #3  lib/microgpt.fut:128:59-133:82\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -23222,7 +23222,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     bool nonzzero_cert_276410;
                     
                     if (!nonzzero_276409) {
-                        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:85:55-63\n   #1  lib/microgpt.fut:108:71-114:71\n   #2  lib/microgpt.fut:132:14-134:58\n   #3  tests/oracle.fut:50:37-49\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-50:80\n"));
+                        set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/microgpt.fut:85:55-63\n   #1  lib/microgpt.fut:108:71-114:71\n   #2  lib/microgpt.fut:132:14-134:58\n   #3  tests/oracle.fut:50:37-49\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-50:80\n"));
                         err = FUTHARK_PROGRAM_ERROR;
                         goto cleanup;
                     }
@@ -23476,7 +23476,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276510;
                         
                         if (!bounds_check_276509) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276506, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:98-109\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276506, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:98-109\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -23501,7 +23501,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276516;
                         
                         if (!bounds_check_276515) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276512, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:35-46\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276512, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:35-46\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -23526,7 +23526,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276522;
                         
                         if (!bounds_check_276521) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276518, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:54-65\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276518, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:54-65\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -23551,7 +23551,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276528;
                         
                         if (!bounds_check_276527) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276524, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:79-90\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276524, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:88:79-90\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -23572,7 +23572,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276607;
                         
                         if (!bounds_check_276606) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_276505, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:89:37-44\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) tmp_276505, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:89:37-44\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -23597,7 +23597,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276648;
                         
                         if (!bounds_check_276647) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276644, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:89:78-89\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276644, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:89:78-89\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -23622,7 +23622,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         bool index_certs_276690;
                         
                         if (!bounds_check_276689) {
-                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276686, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:90:39-50\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
+                            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) gram_arg0_276686, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20U2z20UZLZLztZRz20U7z20UnlZRz7dUzg_274961, "].", "-> #0  lib/microgpt.fut:90:39-50\n   #1  lib/microgpt.fut:92:17-34\n   #2  lib/microgpt.fut:108:71-114:71\n   #3  lib/microgpt.fut:132:14-134:58\n   #4  tests/oracle.fut:50:37-49\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-50:80\n"));
                             err = FUTHARK_PROGRAM_ERROR;
                             goto cleanup;
                         }
@@ -24274,7 +24274,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     float embedding_coef_res_276787;
                     
                     if (cond_276786) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int32_t i32_arg0_276788 = ((int32_t *) tokens_mem_301891.mem)[tmp_275087];
                         
@@ -24328,7 +24328,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     float embedding_coef_res_276798;
                     
                     if (cond_276797) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int32_t i32_arg0_276800 = ((int32_t *) tokens_mem_301891.mem)[step_sources_arg4_275089];
                         
@@ -24382,11 +24382,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     float embedding_coef_res_276810;
                     
                     if (cond_276809) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_276811 = (int64_t) 2 + tmp_275087;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int32_t i32_arg0_276812 = ((int32_t *) tokens_mem_301891.mem)[index_primexp_276811];
                         
@@ -24440,11 +24440,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     float embedding_coef_res_276822;
                     
                     if (cond_276821) {
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int64_t index_primexp_276823 = (int64_t) 3 + tmp_275087;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         int32_t i32_arg0_276824 = ((int32_t *) tokens_mem_301891.mem)[index_primexp_276823];
                         
@@ -24563,11 +24563,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             float embedding_coef_res_276855;
                             
                             if (cond_276854) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int64_t index_primexp_276856 = tmp_275087 + term_arg0_276849;
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int32_t i32_arg0_276857 = ((int32_t *) tokens_mem_301891.mem)[index_primexp_276856];
                                 
@@ -24647,11 +24647,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             float embedding_coef_res_276871;
                             
                             if (cond_276870) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int64_t index_primexp_276872 = tmp_275087 + term_arg0_276865;
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int32_t i32_arg0_276873 = ((int32_t *) tokens_mem_301891.mem)[index_primexp_276872];
                                 
@@ -24731,11 +24731,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             float embedding_coef_res_276887;
                             
                             if (cond_276886) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int64_t index_primexp_276888 = tmp_275087 + term_arg0_276881;
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int32_t i32_arg0_276889 = ((int32_t *) tokens_mem_301891.mem)[index_primexp_276888];
                                 
@@ -24815,11 +24815,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             float embedding_coef_res_276903;
                             
                             if (cond_276902) {
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int64_t index_primexp_276904 = tmp_275087 + term_arg0_276897;
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 int32_t i32_arg0_276905 = ((int32_t *) tokens_mem_301891.mem)[index_primexp_276904];
                                 
@@ -24869,7 +24869,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_276916 = ((float *) mem_307174)[j_276914];
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_276917 = ((float *) mem_307109)[defunc_0_lifted_term_res_276851 * dims_102508 + j_276914];
                         
@@ -24877,7 +24877,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_276918 = defunc_0_lifted_term_res_276852 * zt_rhs_276917;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_276919 = ((float *) mem_307109)[defunc_0_lifted_term_res_276867 * dims_102508 + j_276914];
                         
@@ -24889,7 +24889,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_276921 = zp_lhs_276918 + zp_rhs_276920;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_276922 = ((float *) mem_307109)[defunc_0_lifted_term_res_276883 * dims_102508 + j_276914];
                         
@@ -24901,7 +24901,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_276924 = zp_lhs_276921 + zp_rhs_276923;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_276925 = ((float *) mem_307109)[defunc_0_lifted_term_res_276899 * dims_102508 + j_276914];
                         
@@ -25052,7 +25052,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 float defunc_0_lifted_term_res_276980;
                 
                 if (cond_276740) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float lifted_lambda_res_276981 = ((float *) mem_306627)[i_299180];
                     
@@ -25065,7 +25065,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 float defunc_0_lifted_term_res_276982;
                 
                 if (cond_276741) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float lifted_lambda_res_276983 = ((float *) mem_306627)[dims_102511 + i_299180];
                     
@@ -25078,7 +25078,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 float defunc_0_lifted_term_res_276984;
                 
                 if (cond_276743) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float lifted_lambda_res_276985 = ((float *) mem_306627)[(int64_t) 2 * dims_102511 + i_299180];
                     
@@ -25091,7 +25091,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 float defunc_0_lifted_term_res_276986;
                 
                 if (cond_276745) {
-                    // lib/microgpt.fut:223:38-61
+                    // lib/microgpt.fut:224:38-61
                     
                     float lifted_lambda_res_276987 = ((float *) mem_306627)[(int64_t) 3 * dims_102511 + i_299180];
                     
@@ -25169,7 +25169,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float x_277009;
                         
                         if (cond_277006) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float lifted_lambda_res_277010 = ((float *) mem_306627)[term_arg0_277005 * dims_102511 + i_299180];
                             
@@ -25208,7 +25208,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float x_277015;
                         
                         if (cond_277012) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float lifted_lambda_res_277016 = ((float *) mem_306627)[term_arg0_277011 * dims_102511 + i_299180];
                             
@@ -25247,7 +25247,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float x_277021;
                         
                         if (cond_277018) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float lifted_lambda_res_277022 = ((float *) mem_306627)[term_arg0_277017 * dims_102511 + i_299180];
                             
@@ -25286,7 +25286,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float x_277027;
                         
                         if (cond_277024) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float lifted_lambda_res_277028 = ((float *) mem_306627)[term_arg0_277023 * dims_102511 + i_299180];
                             
@@ -25304,7 +25304,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_277032 = ((float *) mem_307251)[j_277030];
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_277033 = ((float *) mem_307109)[lmad_arg_306216 + defunc_0_lifted_term_res_277007 * dims_102508 + j_277030];
                         
@@ -25312,7 +25312,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_277034 = defunc_0_lifted_term_res_277008 * zt_rhs_277033;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_277035 = ((float *) mem_307109)[lmad_arg_306216 + defunc_0_lifted_term_res_277013 * dims_102508 + j_277030];
                         
@@ -25324,7 +25324,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_277037 = zp_lhs_277034 + zp_rhs_277036;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_277038 = ((float *) mem_307109)[lmad_arg_306216 + defunc_0_lifted_term_res_277019 * dims_102508 + j_277030];
                         
@@ -25336,7 +25336,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         
                         float zp_lhs_277040 = zp_lhs_277037 + zp_rhs_277039;
                         
-                        // lib/microgpt.fut:223:38-61
+                        // lib/microgpt.fut:224:38-61
                         
                         float zt_rhs_277041 = ((float *) mem_307109)[lmad_arg_306216 + defunc_0_lifted_term_res_277025 * dims_102508 + j_277030];
                         
@@ -25576,7 +25576,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float layer_coef_res_277119;
                         
                         if (cond_277106) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_t_res_277120 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + i_299204];
                             
@@ -25595,7 +25595,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 
                                 int64_t tmp_277124 = sub64(i_299204, tmp_220635);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_t_res_277125 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + tmp_277124];
                                 
@@ -25618,7 +25618,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277129 = sub64(i_299204, tmp_220636);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_t_res_277130 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + tmp_277129];
                                     
@@ -25632,7 +25632,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277132 = sdiv64(zs_lhs_277131, (int64_t) 4);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_f_res_277133 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + tmp_277132];
                                     
@@ -25656,7 +25656,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float layer_coef_res_277135;
                         
                         if (cond_277106) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_t_res_277136 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + c3_217611 + i_299204];
                             
@@ -25675,7 +25675,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 
                                 int64_t tmp_277140 = sub64(i_299204, tmp_220635);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_t_res_277141 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + dims_102508 + tmp_277140];
                                 
@@ -25698,7 +25698,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277145 = sub64(i_299204, tmp_220636);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_t_res_277146 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + tmp_217610 + tmp_277145];
                                     
@@ -25712,7 +25712,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277148 = sdiv64(zs_lhs_277147, (int64_t) 4);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_f_res_277149 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + dims_102508 + tmp_277148];
                                     
@@ -25736,7 +25736,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float layer_coef_res_277151;
                         
                         if (cond_277106) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_t_res_277152 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + (int64_t) 2 * c3_217611 + i_299204];
                             
@@ -25755,7 +25755,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 
                                 int64_t tmp_277156 = sub64(i_299204, tmp_220635);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_t_res_277157 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + (int64_t) 2 * dims_102508 + tmp_277156];
                                 
@@ -25778,7 +25778,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277161 = sub64(i_299204, tmp_220636);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_t_res_277162 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + (int64_t) 2 * tmp_217610 + tmp_277161];
                                     
@@ -25792,7 +25792,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277164 = sdiv64(zs_lhs_277163, (int64_t) 4);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_f_res_277165 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + (int64_t) 2 * dims_102508 + tmp_277164];
                                     
@@ -25816,7 +25816,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float layer_coef_res_277167;
                         
                         if (cond_277106) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float layer_coef_res_t_res_277168 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + (int64_t) 3 * c3_217611 + i_299204];
                             
@@ -25835,7 +25835,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 
                                 int64_t tmp_277172 = sub64(i_299204, tmp_220635);
                                 
-                                // lib/microgpt.fut:223:38-61
+                                // lib/microgpt.fut:224:38-61
                                 
                                 float layer_coef_res_f_res_t_res_277173 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + (int64_t) 3 * dims_102508 + tmp_277172];
                                 
@@ -25858,7 +25858,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277177 = sub64(i_299204, tmp_220636);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_t_res_277178 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + (int64_t) 3 * tmp_217610 + tmp_277177];
                                     
@@ -25872,7 +25872,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                     
                                     int64_t tmp_277180 = sdiv64(zs_lhs_277179, (int64_t) 4);
                                     
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_f_res_f_res_f_res_277181 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + (int64_t) 3 * dims_102508 + tmp_277180];
                                     
@@ -25965,7 +25965,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 float layer_coef_res_277209;
                                 
                                 if (cond_277106) {
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_t_res_277210 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + term_arg0_277203 * c3_217611 + i_299204];
                                     
@@ -25980,7 +25980,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                         
                                         int64_t tmp_277213 = sub64(i_299204, tmp_220635);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_t_res_277214 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + term_arg0_277203 * dims_102508 + tmp_277213];
                                         
@@ -26003,7 +26003,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277218 = sub64(i_299204, tmp_220636);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_t_res_277219 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + term_arg0_277203 * tmp_217610 + tmp_277218];
                                             
@@ -26017,7 +26017,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277221 = sdiv64(zs_lhs_277220, (int64_t) 4);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_f_res_277222 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + term_arg0_277203 * dims_102508 + tmp_277221];
                                             
@@ -26071,7 +26071,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 float layer_coef_res_277229;
                                 
                                 if (cond_277106) {
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_t_res_277230 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + term_arg0_277223 * c3_217611 + i_299204];
                                     
@@ -26086,7 +26086,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                         
                                         int64_t tmp_277233 = sub64(i_299204, tmp_220635);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_t_res_277234 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + term_arg0_277223 * dims_102508 + tmp_277233];
                                         
@@ -26109,7 +26109,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277238 = sub64(i_299204, tmp_220636);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_t_res_277239 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + term_arg0_277223 * tmp_217610 + tmp_277238];
                                             
@@ -26123,7 +26123,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277241 = sdiv64(zs_lhs_277240, (int64_t) 4);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_f_res_277242 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + term_arg0_277223 * dims_102508 + tmp_277241];
                                             
@@ -26177,7 +26177,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 float layer_coef_res_277249;
                                 
                                 if (cond_277106) {
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_t_res_277250 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + term_arg0_277243 * c3_217611 + i_299204];
                                     
@@ -26192,7 +26192,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                         
                                         int64_t tmp_277253 = sub64(i_299204, tmp_220635);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_t_res_277254 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + term_arg0_277243 * dims_102508 + tmp_277253];
                                         
@@ -26215,7 +26215,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277258 = sub64(i_299204, tmp_220636);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_t_res_277259 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + term_arg0_277243 * tmp_217610 + tmp_277258];
                                             
@@ -26229,7 +26229,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277261 = sdiv64(zs_lhs_277260, (int64_t) 4);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_f_res_277262 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + term_arg0_277243 * dims_102508 + tmp_277261];
                                             
@@ -26283,7 +26283,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                 float layer_coef_res_277269;
                                 
                                 if (cond_277106) {
-                                    // lib/microgpt.fut:223:38-61
+                                    // lib/microgpt.fut:224:38-61
                                     
                                     float layer_coef_res_t_res_277270 = ((float *) mem_306698)[layer_277093 * lmad_arg_306728 + term_arg0_277263 * c3_217611 + i_299204];
                                     
@@ -26298,7 +26298,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                         
                                         int64_t tmp_277273 = sub64(i_299204, tmp_220635);
                                         
-                                        // lib/microgpt.fut:223:38-61
+                                        // lib/microgpt.fut:224:38-61
                                         
                                         float layer_coef_res_f_res_t_res_277274 = ((float *) mem_306694)[layer_277093 * lmad_arg_306216 + term_arg0_277263 * dims_102508 + tmp_277273];
                                         
@@ -26321,7 +26321,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277278 = sub64(i_299204, tmp_220636);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_t_res_277279 = ((float *) mem_306702)[layer_277093 * lmad_arg_306215 + term_arg0_277263 * tmp_217610 + tmp_277278];
                                             
@@ -26335,7 +26335,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                                             
                                             int64_t tmp_277281 = sdiv64(zs_lhs_277280, (int64_t) 4);
                                             
-                                            // lib/microgpt.fut:223:38-61
+                                            // lib/microgpt.fut:224:38-61
                                             
                                             float layer_coef_res_f_res_f_res_f_res_277282 = ((float *) mem_306690)[layer_277093 * lmad_arg_306216 + term_arg0_277263 * dims_102508 + tmp_277281];
                                             
@@ -26359,7 +26359,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             
                             float zp_lhs_277286 = ((float *) mem_307340)[j_277284];
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float zt_rhs_277287 = ((float *) mem_307109)[tmp_277117 * lmad_arg_306216 + defunc_0_lifted_term_res_277205 * dims_102508 + j_277284];
                             
@@ -26367,7 +26367,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             
                             float zp_lhs_277288 = defunc_0_lifted_term_res_277206 * zt_rhs_277287;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float zt_rhs_277289 = ((float *) mem_307109)[tmp_277117 * lmad_arg_306216 + defunc_0_lifted_term_res_277225 * dims_102508 + j_277284];
                             
@@ -26379,7 +26379,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             
                             float zp_lhs_277291 = zp_lhs_277288 + zp_rhs_277290;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float zt_rhs_277292 = ((float *) mem_307109)[tmp_277117 * lmad_arg_306216 + defunc_0_lifted_term_res_277245 * dims_102508 + j_277284];
                             
@@ -26391,7 +26391,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             
                             float zp_lhs_277294 = zp_lhs_277291 + zp_rhs_277293;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             float zt_rhs_277295 = ((float *) mem_307109)[tmp_277117 * lmad_arg_306216 + defunc_0_lifted_term_res_277265 * dims_102508 + j_277284];
                             
@@ -26496,14 +26496,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 // lib/train.fut:208:17-46
                 lmad_copy_4b(ctx, 2, (uint32_t *) v_mem_301895.mem, c_102499 * update_rows_arg1_277098, (int64_t []) {c_102499, (int64_t) 1}, (uint32_t *) mem_307320, (int64_t) 0, (int64_t []) {c_102499, (int64_t) 1}, (int64_t []) {dzlz7bUZLztZRz20U12z20Ucz7dUzg_220633, c_102499});
             }
-            // lib/microgpt.fut:225:31-45
+            // lib/microgpt.fut:226:31-45
             
             bool cond_f_res_277334 = !cond_276269;
             bool x_277335 = !ok_276273;
             bool y_277336 = cond_f_res_277334 && x_277335;
             bool cond_277337 = ok_276273 || y_277336;
             
-            // lib/microgpt.fut:225:22-68
+            // lib/microgpt.fut:226:22-68
             
             float reported_277338;
             
@@ -26512,7 +26512,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             } else {
                 reported_277338 = NAN;
             }
-            // lib/microgpt.fut:226:25-54
+            // lib/microgpt.fut:227:25-54
             
             int64_t tmp_277339;
             
@@ -26521,14 +26521,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             } else {
                 tmp_277339 = step_275079;
             }
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             ((float *) mem_306072.mem)[i_275081] = reported_277338;
-            // lib/microgpt.fut:226:84-107
+            // lib/microgpt.fut:227:84-107
             
             int64_t tmp_277345;
             
             if (ok_276273) {
-                // lib/microgpt.fut:226:97-100
+                // lib/microgpt.fut:227:97-100
                 
                 int64_t tmp_t_res_277346 = add64((int64_t) 1, i_275081);
                 
@@ -26536,7 +26536,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             } else {
                 tmp_277345 = k_102521;
             }
-            // lib/microgpt.fut:222:13-16
+            // lib/microgpt.fut:223:13-16
             
             bool loop_cond_277347 = slt64(tmp_277345, k_102521);
             bool loop_while_tmp_310338 = loop_cond_277347;
@@ -26561,7 +26561,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool index_certs_220638;
         
         if (!protect_assert_disj_234726) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26579,7 +26579,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool nonzzero_cert_220642;
         
         if (!protect_assert_disj_234730) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:450:55-58\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:450:55-58\n   #1  lib/batch.fut:451:42-46\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26591,7 +26591,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool index_certs_220645;
         
         if (!protect_assert_disj_234732) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:60-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:60-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26603,7 +26603,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool index_certs_220649;
         
         if (!protect_assert_disj_234736) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:89-93\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 2, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:450:45-54\n   #1  lib/batch.fut:451:89-93\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26617,7 +26617,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool nonzzero_cert_220728;
         
         if (!protect_assert_disj_234740) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:239:36-39\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:239:36-39\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26626,7 +26626,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool nonzzero_cert_220732;
         
         if (!protect_assert_disj_234710) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:380:13-16\n   #1  lib/batch.fut:466:20-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:380:13-16\n   #1  lib/batch.fut:466:20-75\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26646,7 +26646,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         
         bool valid_220833 = !bounds_invalid_upwards_220816;
         
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_220847 = loop_not_taken_217645 || valid_220823;
         bool protect_assert_disj_234744 = protect_assert_disj_220847 || loop_not_taken_234709;
@@ -26656,11 +26656,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_220848;
         
         if (!protect_assert_disj_234744) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220742, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:383:13-36\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220742, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:383:13-36\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_220859 = loop_not_taken_217645 || valid_220828;
         bool protect_assert_disj_234746 = protect_assert_disj_220859 || loop_not_taken_234709;
@@ -26670,11 +26670,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_220860;
         
         if (!protect_assert_disj_234746) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220780, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:386:22-42\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220780, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:386:22-42\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_220871 = loop_not_taken_217645 || valid_220833;
         bool protect_assert_disj_234748 = protect_assert_disj_220871 || loop_not_taken_234709;
@@ -26684,7 +26684,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_220872;
         
         if (!protect_assert_disj_234748) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220788, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:388:13-36\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220788, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:388:13-36\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26702,7 +26702,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_224813;
         
         if (!protect_assert_disj_234750) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_224267, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:400:52-75\n   #4  lib/batch.fut:468:29-87\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_224267, " is invalid.", "-> #0  lib/batch.fut:154:45-55\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:400:52-75\n   #4  lib/batch.fut:468:29-87\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26724,7 +26724,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_225188;
         
         if (!protect_assert_disj_234752) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_225146, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:474:57-77\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_225146, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:474:57-77\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26772,7 +26772,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         
         bool valid_226178 = !bounds_invalid_upwards_226145;
         
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_226200 = loop_not_taken_217645 || valid_226151;
         bool protect_assert_disj_234758 = protect_assert_disj_226200 || loop_not_taken_234709;
@@ -26782,11 +26782,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_226201;
         
         if (!protect_assert_disj_234758) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_226026, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:250:13-62\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_226026, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:250:13-62\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_226209 = loop_not_taken_217645 || valid_226152;
         bool protect_assert_disj_234760 = protect_assert_disj_226209 || loop_not_taken_234709;
@@ -26796,11 +26796,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_226210;
         
         if (!protect_assert_disj_234760) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_226032, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:421:15-77\n   #4  lib/batch.fut:476:21-88\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_226032, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:421:15-77\n   #4  lib/batch.fut:476:21-88\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_226230 = loop_not_taken_217645 || valid_226161;
         bool protect_assert_disj_234762 = protect_assert_disj_226230 || loop_not_taken_234709;
@@ -26810,11 +26810,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_226231;
         
         if (!protect_assert_disj_234762) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_226065, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:424:15-79\n   #4  lib/batch.fut:476:21-88\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_226065, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:424:15-79\n   #4  lib/batch.fut:476:21-88\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_226269 = loop_not_taken_217645 || valid_226177;
         bool protect_assert_disj_234764 = protect_assert_disj_226269 || loop_not_taken_234709;
@@ -26824,11 +26824,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_226270;
         
         if (!protect_assert_disj_234764) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_226088, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:430:42-59\n   #2  lib/batch.fut:476:21-88\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_226088, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:430:42-59\n   #2  lib/batch.fut:476:21-88\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:223:38-61
+        // lib/microgpt.fut:224:38-61
         
         bool protect_assert_disj_226278 = loop_not_taken_217645 || valid_226178;
         bool protect_assert_disj_234766 = protect_assert_disj_226278 || loop_not_taken_234709;
@@ -26838,7 +26838,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_226279;
         
         if (!protect_assert_disj_234766) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_226090, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:430:15-79\n   #4  lib/batch.fut:476:21-88\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_226090, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:430:15-79\n   #4  lib/batch.fut:476:21-88\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26856,7 +26856,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_233596;
         
         if (!protect_assert_disj_234768) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_233554, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:480:43-63\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:223:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tabulate_3d_arg0_233554, " is invalid.", "-> #0  lib/batch.fut:203:19-94\n   #1  lib/batch.fut:480:43-63\n   #2  lib/batch.fut:494:55-497:90\n   #3  lib/microgpt.fut:167:23-84\n   #4  tests/oracle.fut:51:21-39\n   #5  lib/microgpt.fut:224:38-61\n   #6  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26874,7 +26874,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_234181;
         
         if (!protect_assert_disj_234770) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_233610, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:480:16-80\n   #4  lib/batch.fut:494:55-497:90\n   #5  lib/microgpt.fut:167:23-84\n   #6  tests/oracle.fut:51:21-39\n   #7  lib/microgpt.fut:223:38-61\n   #8  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_233610, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:212:81-213:45\n   #3  lib/batch.fut:480:16-80\n   #4  lib/batch.fut:494:55-497:90\n   #5  lib/microgpt.fut:167:23-84\n   #6  tests/oracle.fut:51:21-39\n   #7  lib/microgpt.fut:224:38-61\n   #8  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26900,7 +26900,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool index_certs_234509;
         
         if (!protect_assert_disj_234774) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ":", (long long) dims_102511, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:489:15-40\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 0, ":", (long long) dims_102511, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:489:15-40\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -26946,7 +26946,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool index_certs_234521;
         
         if (!protect_assert_disj_234776) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) dims_102511, ":", (long long) update_rows_arg2_219985, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:490:15-57\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) dims_102511, ":", (long long) update_rows_arg2_219985, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:490:15-57\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -27004,7 +27004,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool index_certs_234535;
         
         if (!protect_assert_disj_234778) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) update_rows_arg2_219985, ":", (long long) head_end_225143, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) update_rows_arg2_219985, ":", (long long) head_end_225143, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -27018,7 +27018,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool empty_or_match_cert_234537;
         
         if (!protect_assert_disj_234780) {
-            set_error(ctx, msgprintf("Error: %s%s%lld%s%s%s%lld%s%s\n\nBacktrace:\n%s", "Shape ", "[", (long long) j_m_i_234523, "]", " of slice does not match shape ", "[", (long long) dims_102511, "]", " of value.", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%s%lld%s%s%s%lld%s%s\n\nBacktrace:\n%s", "Shape ", "[", (long long) j_m_i_234523, "]", " of slice does not match shape ", "[", (long long) dims_102511, "]", " of value.", "-> #0  lib/batch.fut:491:15-64\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -27036,7 +27036,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool range_valid_c_234623;
         
         if (!protect_assert_disj_234782) {
-            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_234620, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:282:78-287:103\n   #2  lib/microgpt.fut:169:24-93\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) update_rows_arg2_234620, " is invalid.", "-> #0  lib/train.fut:206:39-45\n   #1  lib/train.fut:282:78-287:103\n   #2  lib/microgpt.fut:169:24-93\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
@@ -27045,16 +27045,16 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
         bool nonzzero_cert_235114;
         
         if (!protect_assert_disj_274958) {
-            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:51:57-60\n   #1  lib/microgpt.fut:166:16-74\n   #2  tests/oracle.fut:51:21-39\n   #3  lib/microgpt.fut:223:38-61\n   #4  tests/oracle.fut:48:90-51:70\n"));
+            set_error(ctx, msgprintf("Error: %s\n\nBacktrace:\n%s", "division by zero", "-> #0  lib/batch.fut:51:57-60\n   #1  lib/microgpt.fut:166:16-74\n   #2  tests/oracle.fut:51:21-39\n   #3  lib/microgpt.fut:224:38-61\n   #4  tests/oracle.fut:48:90-51:70\n"));
             err = FUTHARK_PROGRAM_ERROR;
             goto cleanup;
         }
-        // lib/microgpt.fut:221:31-50
+        // lib/microgpt.fut:222:31-50
         if (memblock_alloc(ctx, &mem_301897, bytes_301896, "mem_301897")) {
             err = 1;
             goto cleanup;
         }
-        // lib/microgpt.fut:221:31-50
+        // lib/microgpt.fut:222:31-50
         for (int64_t nest_i_310598 = 0; nest_i_310598 < k_102521; nest_i_310598++) {
             ((float *) mem_301897.mem)[nest_i_310598] = NAN;
         }
@@ -27623,7 +27623,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             if (err != FUTHARK_SUCCESS)
                 goto cleanup;
         }
-        // lib/microgpt.fut:220:5-226:108
+        // lib/microgpt.fut:221:5-227:108
         
         bool defunc_0_train_steps_res_220608;
         int64_t defunc_0_train_steps_res_220612;
@@ -27685,7 +27685,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool range_valid_c_235109;
             
             if (!valid_235108) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_220628, " is invalid.", "-> #0  lib/batch.fut:51:6-52:102\n   #1  lib/microgpt.fut:166:16-74\n   #2  tests/oracle.fut:51:21-39\n   #3  lib/microgpt.fut:223:38-61\n   #4  tests/oracle.fut:48:90-51:70\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_220628, " is invalid.", "-> #0  lib/batch.fut:51:6-52:102\n   #1  lib/microgpt.fut:166:16-74\n   #2  tests/oracle.fut:51:21-39\n   #3  lib/microgpt.fut:224:38-61\n   #4  tests/oracle.fut:48:90-51:70\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -27734,7 +27734,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool index_certs_220660;
             
             if (!ok_or_empty_220659) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) defunc_0_reduce_res_279350, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_220628, "].", "-> #0  lib/batch.fut:452:38-45\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [:", (long long) defunc_0_reduce_res_279350, "] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_220628, "].", "-> #0  lib/batch.fut:452:38-45\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -27763,7 +27763,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool index_certs_220668;
             
             if (!ok_or_empty_220667) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_220628, "].", "-> #0  lib/batch.fut:453:39-46\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) (int64_t) 1, ":] out of bounds for array of shape [", (long long) dzlz7bUZLzpZRz20Utz20U1z7dUzg_220628, "].", "-> #0  lib/batch.fut:453:39-46\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -27788,11 +27788,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool range_valid_c_224809;
             
             if (!valid_220822) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220740, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:400:52-75\n   #4  lib/batch.fut:468:29-87\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220740, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:400:52-75\n   #4  lib/batch.fut:468:29-87\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
-            // lib/microgpt.fut:223:38-61
+            // lib/microgpt.fut:224:38-61
             
             bool protect_assert_disj_220844 = loop_not_taken_217645 || valid_220822;
             
@@ -27801,7 +27801,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             bool range_valid_c_220845;
             
             if (!protect_assert_disj_220844) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220740, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:383:13-36\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:223:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Range ", (long long) (int64_t) 0, "..", (long long) (int64_t) 1, "..<", (long long) tmp_220740, " is invalid.", "-> #0  lib/batch.fut:154:59-70\n   #1  lib/batch.fut:168:71-171:15\n   #2  lib/batch.fut:175:49-176:67\n   #3  lib/batch.fut:383:13-36\n   #4  lib/batch.fut:466:20-75\n   #5  lib/batch.fut:494:55-497:90\n   #6  lib/microgpt.fut:167:23-84\n   #7  tests/oracle.fut:51:21-39\n   #8  lib/microgpt.fut:224:38-61\n   #9  tests/oracle.fut:48:90-51:70\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -27921,24 +27921,24 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             
             int64_t bytes_305657 = dzlz7bUZLztZRz20Ubz20Utz7dUzg_220634 * binop_x_305656;
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool x_234679 = sle64((int64_t) 0, i_220621);
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool y_234680 = slt64(i_220621, k_102521);
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool bounds_check_234681 = x_234679 && y_234680;
             
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             
             bool index_certs_234682;
             
             if (!bounds_check_234681) {
-                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_220621, "] out of bounds for array of shape [", (long long) k_102521, "].", "-> #0  lib/microgpt.fut:226:56-82\n   #1  tests/oracle.fut:48:90-51:70\n"));
+                set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i_220621, "] out of bounds for array of shape [", (long long) k_102521, "].", "-> #0  lib/microgpt.fut:227:56-82\n   #1  tests/oracle.fut:48:90-51:70\n"));
                 err = FUTHARK_PROGRAM_ERROR;
                 goto cleanup;
             }
@@ -28558,7 +28558,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_220927;
                 
                 if (!bounds_check_220926) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220923, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220923, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:37-38\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -28591,7 +28591,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_220934;
                 
                 if (!bounds_check_220933) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220930, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:72-73\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220930, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:72-73\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -28616,7 +28616,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_220941;
                 
                 if (!bounds_check_220940) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220937, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:107-108\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220937, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:240:107-108\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -28641,7 +28641,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_220948;
                 
                 if (!bounds_check_220947) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220944, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:241:33-34\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_220944, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:239:14-35\n   #1  lib/batch.fut:241:33-34\n   #2  lib/batch.fut:466:41-72\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -28670,7 +28670,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool empty_or_match_cert_220954;
                 
                 if (!dim_match_220953) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_102499, "][", (long long) tmp_220951, "] cannot match shape of type \"[", (long long) c_102499, "][", (long long) tmp_220636, "]f32\".", "-> #0  lib/batch.fut:466:41-72\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_102499, "][", (long long) tmp_220951, "] cannot match shape of type \"[", (long long) c_102499, "][", (long long) tmp_220636, "]f32\".", "-> #0  lib/batch.fut:466:41-72\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -28798,11 +28798,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float defunc_0_f_res_221552;
                         
                         if (cond_220772) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_277379 = lifted_at_res_220929 + min_res_221540;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_277380 = lifted_at_res_220929 + min_res_221542;
                             
@@ -28970,11 +28970,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             defunc_0_f_res_221551 = defunc_0_reduce_comm_res_277396;
                             defunc_0_f_res_221552 = defunc_0_reduce_comm_res_277397;
                         } else {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_221652 = lifted_at_res_220929 + min_res_221540;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_221654 = lifted_at_res_220929 + min_res_221542;
                             
@@ -29465,7 +29465,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool empty_or_match_cert_221810;
                 
                 if (!dim_match_221809) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_220634, "][", (long long) y_221807, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_220634, "][", (long long) c_102499, "]f32\".", "-> #0  lib/batch.fut:466:20-75\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_220634, "][", (long long) y_221807, "] cannot match shape of type \"[", (long long) dzlz7bUZLztZRz20Ubz20Utz7dUzg_220634, "][", (long long) c_102499, "]f32\".", "-> #0  lib/batch.fut:466:20-75\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -29559,11 +29559,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float defunc_0_f_res_222378;
                         
                         if (cond_220772) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_277518 = lifted_at_res_220936 + min_res_222366;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_277519 = lifted_at_res_220936 + min_res_222368;
                             
@@ -29731,11 +29731,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             defunc_0_f_res_222377 = defunc_0_reduce_comm_res_277535;
                             defunc_0_f_res_222378 = defunc_0_reduce_comm_res_277536;
                         } else {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_222478 = lifted_at_res_220936 + min_res_222366;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_222480 = lifted_at_res_220936 + min_res_222368;
                             
@@ -30193,11 +30193,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                         float defunc_0_f_res_223219;
                         
                         if (cond_220772) {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_277636 = lifted_at_res_220943 + min_res_223207;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_277637 = lifted_at_res_220943 + min_res_223209;
                             
@@ -30365,11 +30365,11 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                             defunc_0_f_res_223218 = defunc_0_reduce_comm_res_277653;
                             defunc_0_f_res_223219 = defunc_0_reduce_comm_res_277654;
                         } else {
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_223319 = lifted_at_res_220943 + min_res_223207;
                             
-                            // lib/microgpt.fut:223:38-61
+                            // lib/microgpt.fut:224:38-61
                             
                             int64_t index_primexp_223321 = lifted_at_res_220943 + min_res_223209;
                             
@@ -31842,7 +31842,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_246092;
                 
                 if (!bounds_check_246091) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_246088, "] out of bounds for array of shape [", (long long) dims_102511, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/batch.fut:400:34-119\n   #2  lib/batch.fut:468:29-87\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) i32_res_246088, "] out of bounds for array of shape [", (long long) dims_102511, "].", "-> #0  lib/train.fut:62:35-54\n   #1  lib/batch.fut:400:34-119\n   #2  lib/batch.fut:468:29-87\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -33167,7 +33167,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_226329;
                 
                 if (!bounds_check_226328) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) j_226325, "] out of bounds for array of shape [", (long long) dims_102510, "].", "-> #0  lib/batch.fut:476:78-85\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) j_226325, "] out of bounds for array of shape [", (long long) dims_102510, "].", "-> #0  lib/batch.fut:476:78-85\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -33196,7 +33196,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_226483;
                 
                 if (!bounds_check_226482) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_226479, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:246:14-35\n   #1  lib/batch.fut:250:47-48\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:223:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) zs_lhs_226479, "] out of bounds for array of shape [", (long long) l_102495, "].", "-> #0  lib/batch.fut:246:14-35\n   #1  lib/batch.fut:250:47-48\n   #2  lib/batch.fut:476:41-76\n   #3  lib/batch.fut:494:55-497:90\n   #4  lib/microgpt.fut:167:23-84\n   #5  tests/oracle.fut:51:21-39\n   #6  lib/microgpt.fut:224:38-61\n   #7  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -33225,7 +33225,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool empty_or_match_cert_226489;
                 
                 if (!dim_match_226488) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_102499, "][", (long long) transposed_arg1_226486, "] cannot match shape of type \"[", (long long) c_102499, "][", (long long) tmp_220636, "]f32\".", "-> #0  lib/batch.fut:476:41-76\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Value of (desugared) shape [", (long long) c_102499, "][", (long long) transposed_arg1_226486, "] cannot match shape of type \"[", (long long) c_102499, "][", (long long) tmp_220636, "]f32\".", "-> #0  lib/batch.fut:476:41-76\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -33282,7 +33282,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                 bool index_certs_233474;
                 
                 if (!ok_or_empty_233473) {
-                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) first_233463, ":", (long long) tmp_233464, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:478:15-52\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:223:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
+                    set_error(ctx, msgprintf("Error: %s%lld%s%lld%s%lld%s\n\nBacktrace:\n%s", "Index [", (long long) first_233463, ":", (long long) tmp_233464, "] out of bounds for array of shape [", (long long) rows_102498, "].", "-> #0  lib/batch.fut:478:15-52\n   #1  lib/batch.fut:494:55-497:90\n   #2  lib/microgpt.fut:167:23-84\n   #3  tests/oracle.fut:51:21-39\n   #4  lib/microgpt.fut:224:38-61\n   #5  tests/oracle.fut:48:90-51:70\n"));
                     err = FUTHARK_PROGRAM_ERROR;
                     goto cleanup;
                 }
@@ -39535,14 +39535,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
                     ((float *) v_mem_301895.mem)[c_102499 * head_end_225143 + i_300869 * c_102499 + i_300859] = lifted_lambda_res_234654;
                 }
             }
-            // lib/microgpt.fut:225:31-45
+            // lib/microgpt.fut:226:31-45
             
             bool cond_f_res_234675 = !cond_234540;
             bool x_236527 = !ok_234541;
             bool y_236528 = cond_f_res_234675 && x_236527;
             bool cond_234673 = ok_234541 || y_236528;
             
-            // lib/microgpt.fut:225:22-68
+            // lib/microgpt.fut:226:22-68
             
             float reported_234676;
             
@@ -39551,7 +39551,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             } else {
                 reported_234676 = NAN;
             }
-            // lib/microgpt.fut:226:25-54
+            // lib/microgpt.fut:227:25-54
             
             int64_t tmp_234677;
             
@@ -39560,14 +39560,14 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             } else {
                 tmp_234677 = step_220619;
             }
-            // lib/microgpt.fut:226:56-82
+            // lib/microgpt.fut:227:56-82
             ((float *) mem_301897.mem)[i_220621] = reported_234676;
-            // lib/microgpt.fut:226:84-107
+            // lib/microgpt.fut:227:84-107
             
             int64_t tmp_234684;
             
             if (ok_234541) {
-                // lib/microgpt.fut:226:97-100
+                // lib/microgpt.fut:227:97-100
                 
                 int64_t tmp_t_res_279349 = add64((int64_t) 1, i_220621);
                 
@@ -39575,7 +39575,7 @@ FUTHARK_FUN_ATTR int futrts_entry_train_gpu(struct futhark_context *ctx, struct 
             } else {
                 tmp_234684 = k_102521;
             }
-            // lib/microgpt.fut:222:13-16
+            // lib/microgpt.fut:223:13-16
             
             bool loop_cond_234686 = slt64(tmp_234684, k_102521);
             bool loop_while_tmp_310599 = loop_cond_234686;
