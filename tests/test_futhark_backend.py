@@ -84,6 +84,12 @@ def test_multicore_threads_by_work_per_step():
     assert fbk.multicore_threads(params["learn"], 2, environ={}, batch=4) == 1  # 107,000: level, c's
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: " 3 "}) == 3
     assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "2"}, batch=16) == 2
+    # a batch runs on at most B threads, asked or not (Futhark's nested loops went wrong)
+    assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "5"}, batch=3) == 3
+    assert fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: "5"}, batch=1) == 5
+    assert fbk.multicore_threads(params["s64"], 16, environ={}, batch=4) == 4
+    assert fbk.multicore_threads(params["learn"], 64, environ={}, batch=32) == 32
+    assert fbk.multicore_threads(params["s128"], 16, environ={}) == 16
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(BackendError, match=fbk.THREADS_ENV):
             fbk.multicore_threads(4192, 2, environ={fbk.THREADS_ENV: bad})

@@ -85,6 +85,31 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
         backend.close()
 
 
+@pytest.mark.parametrize("in_parts", [False, True])
+@pytest.mark.parametrize("threads, batch", [(5, 3), (6, 4)])
+def test_a_batch_runs_on_no_more_threads_than_documents(threads, batch, in_parts, corpus, monkeypatch):
+    """Asked for more threads than documents a step, futhark-multicore runs on B: on
+    more, Futhark's runtime ran the loops over the documents in their nested
+    version, and the steps went NaN or far off (measured: 5 threads at B = 3 2e-2
+    off NumPy's first losses, then NaN). Either way of training a batch."""
+    available("futhark-multicore")
+    from engine.backends import futhark_backend as fbk
+
+    monkeypatch.setenv(fbk.THREADS_ENV, str(threads))
+    monkeypatch.setattr(fbk, "PARTS_MIN_BATCH", 2)
+    if not in_parts:
+        monkeypatch.setattr(fbk, "PARTS_MAX_PARAMS", 0)
+    train = fifty_steps_config(batch)
+    reference, backend = open_backend("numpy", MODEL, train, corpus), open_backend("futhark-multicore", MODEL, train, corpus)
+    try:
+        assert backend.threads() == batch and backend.trains_in_parts() == in_parts
+        assert backend.library_target() == "multicore_batch"
+        np.testing.assert_allclose(backend.train(20), reference.train(20), rtol=0, atol=1e-4)
+        np.testing.assert_allclose(backend.get_state().params, reference.get_state().params, rtol=0, atol=1e-4)
+    finally:
+        backend.close()
+
+
 def float64_run(backend, steps: int) -> float64_reference.Float64Run:
     """`steps` steps of backend's run in float64 from its state now, which must be step 0."""
     run = float64_reference.start(backend)

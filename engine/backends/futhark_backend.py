@@ -345,6 +345,13 @@ THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 # 0.52.
 PARTS_MAX_PARAMS = 100_000
 PARTS_MIN_BATCH = 8
+# A batched step never runs on more threads than it has documents: Futhark
+# 0.25.34's multicore runtime runs a parallel loop of fewer iterations than
+# threads through the loop's "nested" version, and the batched programs' loops
+# over the B documents computed wrong steps that way (both train_batch and
+# train_batch_parts; measured 2026-12-05: 3 threads at B = 2, 5 at 3, 6 at 4 went
+# NaN or far off NumPy's losses, 8 threads at learn and s64 with B = 4 were 3e-2
+# and 9e-3 off; every count of threads up to B, 2 to 16, within 5e-7).
 
 
 def batches_in_parts(num_params: int, batch: int) -> bool:
@@ -356,14 +363,17 @@ def batches_in_parts(num_params: int, batch: int) -> bool:
 def multicore_threads(num_params: int, cores: int, environ=None, batch: int = 1) -> int:
     """The multicore backend's thread count for a model of num_params trained on
     `batch` documents per step ($MICROGPT_FUTHARK_THREADS, a whole number from 1,
-    overrides it): every core where a step trains in parts."""
+    overrides it): every core where a step trains in parts; at batches never more
+    than `batch` (see above), the override included."""
     text = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
     if text:
         if not text.isdigit() or int(text) < 1:
             raise BackendError(f"{THREADS_ENV} must be a whole number from 1, got {text!r}")
-        return int(text)
-    enough = num_params * batch >= MULTICORE_MIN_WORK or batches_in_parts(num_params, batch)
-    return cores if enough else 1
+        threads = int(text)
+    else:
+        enough = num_params * batch >= MULTICORE_MIN_WORK or batches_in_parts(num_params, batch)
+        threads = cores if enough else 1
+    return threads if batch == 1 else min(threads, batch)
 
 
 class FutharkMulticoreBackend(FutharkBackend):
