@@ -339,10 +339,9 @@ THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 # the products' tasks (or one thread where that was faster): tiny at 32 documents
 # 0.38 against 0.54 (one thread 0.68), learn 1.37 against 1.57, s32 1.39 against
 # 1.61; s64 (155,000 parameters) level (5.0 either way), s128 slower in parts
-# (23.9 against 20.4). Few
-# documents are not worth the threads: tiny at 8 documents 0.137 against one
-# thread's 0.149, at 4 0.097 against 0.079; learn at 4 level, at 8 0.41 against
-# 0.52.
+# (23.9 against 20.4). Few documents are not worth the threads: tiny at 8
+# documents 0.137 against one thread's 0.149, at 4 0.097 against 0.079; learn at
+# 4 level, at 8 0.41 against 0.52.
 PARTS_MAX_PARAMS = 100_000
 PARTS_MIN_BATCH = 8
 # A batched step never runs on more threads than it has documents: Futhark

@@ -150,10 +150,11 @@ def one_document_merged [rows][c][l][n][d] (products: products) (s: model [l][n]
   let (params, m, v) = update_all_merged s.dims (adam_at s.adam step ok) t sources params m v
   in (loss, ok, params, m, v)
 
--- | Whether the squared norm of a gradient held whole is a finite f32
--- (gradient_is_finite's test, computed directly in f64).
-def squared_norm_is_finite [rows][c] (g: [rows][c]f32): bool =
-  f64.sum (map (\row -> f64.sum (map (\x -> f64.f32 x * f64.f32 x) row)) g) <= largest_f32
+-- | Whether the squared norm of a batch's gradient of `rows` rows, row o
+-- being `gradient o`, is a finite f32 (gradient_is_finite's test, computed
+-- directly in f64).
+def squared_norm_is_finite [c] (rows: i64) (gradient: i64 -> [c]f32): bool =
+  f64.sum (map (\o -> f64.sum (map (\x -> f64.f32 x * f64.f32 x) (gradient o))) (iota rows)) <= largest_f32
 
 -- | B documents per step (batch.fut's batch_gradient): one gradient of the
 -- batch's mean loss, held whole, then the update.
@@ -165,8 +166,9 @@ def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][
   let t = i64.maximum lengths
   let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
   let (loss, grads) = batch_gradient products s.dims s.layout params tokens lengths
-  let ok = finite loss && squared_norm_is_finite grads
-  let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) grads params m v
+  let row o = #[unsafe] grads[o]
+  let ok = finite loss && squared_norm_is_finite rows row
+  let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) row params m v
   in (loss, ok, params, m, v)
 
 -- | batch_of_documents by futhark-multicore for small models
@@ -200,13 +202,8 @@ def batch_in_parts [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i
   -- row o of the batch's gradient (computed where it is read: by the test
   -- and by the update, rather than summed into a buffer of its own)
   let gradient o = #[unsafe] #[sequential] loop g = copy grads[0, o] for q in 1..<parts do map2 (+) g grads[q, o]
-  let squares o = #[sequential] f64.sum (map (\x -> f64.f32 x * f64.f32 x) (gradient o))
-  let ok = finite loss && f64.sum (map squares (iota rows)) <= largest_f32
-  let head_end = 2 * s.dims.vocab + s.dims.block_size
-  let update = adam_at s.adam step ok
-  let (params, m, v) = update_rows update 0 head_end gradient params m v
-  let (params, m, v) = update_rows update head_end (12 * c * s.dims.n_layer) (\o -> gradient (head_end + o))
-                                   params m v
+  let ok = finite loss && squared_norm_is_finite rows gradient
+  let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) gradient params m v
   in (loss, ok, params, m, v)
 
 -- | Runs up to k steps of `advance`; returns the new weights and the k

@@ -276,15 +276,16 @@ def update_all_merged [rows][c][t][c3][f][nv][l][k] (d: dims) (update: update) (
   -- results went to three fresh buffers every step)
   in update_rows update head_end (12 * c * l) (\q -> grad_row (coef q) (source q)) params m v
 
--- | Every row's update from a gradient held whole, as rows of C (a
--- batch's, batch.fut's batch_gradient): the two sections of
--- update_all_merged, each a parallel map.
-def update_from_gradient [rows][c] (d: dims) (update: update) (grads: [rows][c]f32)
+-- | Every row's update from a batch's gradient, row o being `gradient o`
+-- (a row of the gradient held whole, batch.fut's batch_gradient, or the
+-- sum of the groups' rows, microgpt.fut's batch_in_parts): the two
+-- sections of update_all_merged, each a parallel map.
+def update_from_gradient [rows][c] (d: dims) (update: update) (gradient: i64 -> [c]f32)
                                    (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
                                    : (*[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
   let head_end = 2 * d.vocab + d.block_size
-  let (params, m, v) = update_rows update 0 head_end (\o -> #[unsafe] grads[o]) params m v
-  in update_rows update head_end (12 * c * d.n_layer) (\o -> #[unsafe] grads[head_end + o]) params m v
+  let (params, m, v) = update_rows update 0 head_end gradient params m v
+  in update_rows update head_end (12 * c * d.n_layer) (\o -> gradient (head_end + o)) params m v
 
 -- * Adam
 
