@@ -115,6 +115,8 @@ def test_asha_stops_the_poor_trial_early_and_failures_do_not_end_the_sweep(asha_
         return [e["heldout_loss"] for e in run.of("trial_result", trial) if e["names_seen"] >= rung][0]
 
     assert at_rung(poor["trial"]) > at_rung(good["trial"])
+    for trial in (good["trial"], poor["trial"]):  # ...each evaluated at the rung's step (B = 1)
+        assert rung in [p[0] for e in run.of("trial_result", trial) for p in e["heldout"]]
     for lr in (0.01, POOR_LR):
         failed = by_settings[(lr, 20)]
         assert failed["status"] == "failed"

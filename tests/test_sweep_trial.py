@@ -110,6 +110,33 @@ def test_checkpoints_at_the_rungs_and_the_end_load(names_corpus, direct, tmp_pat
     assert len(names) == 5 and all(isinstance(n, str) for n in names)
 
 
+def test_the_report_asha_compares_at_a_rung_carries_a_loss_evaluated_there(names_corpus, tmp_path):
+    """ASHA compares a trial's first report at or past a rung (names seen): the loop evaluated
+    the held-out loss at the rung's step, and that report carries it (or a newer one)."""
+    _, model, train = run_configs(SETTINGS)
+    backend = engine.open_backend("numpy", model, train, names_corpus)
+    try:
+        at_rung = {}
+        for rung in (1000, 2000):
+            backend.train(rung - backend.step)
+            at_rung[rung] = backend.heldout_loss()
+    finally:
+        backend.close()
+    reporter, reports = run_reporter(trial_base(names_corpus), tmp_path)
+    assert reporter.loop.settings.heldout_at_names == (1000, 2000)
+    for rung, loss in at_rung.items():
+        first = next(i for i, m in enumerate(reports.metrics) if m["names_seen"] >= rung)
+        points = [p for m in reports.metrics[:first + 1] for p in m["heldout"]]
+        assert [rung, pytest.approx(loss, rel=1e-6)] in points
+        newest = points[-1]
+        assert newest[0] >= rung and reports.metrics[first]["heldout_loss"] == newest[1]
+    # rungs counted in seconds: no step to end a chunk at; the schedule alone evaluates
+    base = trial_base(names_corpus, time_attr="train_seconds", milestones=(0.05, 1e9))
+    reporter, by_time = run_reporter(base, tmp_path / "by-time")
+    assert reporter.loop.settings.heldout_at_names == () and by_time.metrics[-1]["finished"]
+    assert sum(c is not None for c in by_time.checkpoints) == 2  # the rung's, and the end's
+
+
 def test_a_resumed_trial_goes_on_from_its_checkpoint(names_corpus, direct, tmp_path):
     tune = pytest.importorskip("ray.tune", reason="a Tune checkpoint needs Ray: pip install -e '.[test]'")
 

@@ -202,6 +202,27 @@ def test_a_chunk_plan_sets_each_call_and_stops_the_run_with_a_final_evaluation()
     assert [p.step for e in events.of(rs.Heldout) for p in e.points][-1] == 15
 
 
+def test_heldout_at_names_ends_a_chunk_there_and_evaluates_whatever_the_schedule():
+    """A sweep's ASHA rungs (names seen): a chunk ends at each rung's step (names / B, rounded
+    up) and the held-out loss is evaluated there, though the schedule's share allows none."""
+    train = replace(TRAIN, batch_size=4)
+    settings = LoopSettings(end_when_finished=True, target_chunk_s=10.0, max_steps_per_chunk=64,
+                            heldout_share=1e-9, heldout_at_names=(30, 101))
+    events = Events()
+    TrainingLoop(spec(train), events, settings).run()
+    chunks = [(e.first_step, len(e.losses)) for e in events.of(rs.Losses)]
+    # doubling from one step, cut short at steps 8 and 26; the pace goes on doubling
+    assert chunks == [(0, 1), (1, 2), (3, 4), (7, 1), (8, 16), (24, 2), (26, 34)]
+    points = [p for e in events.of(rs.Heldout) for p in e.points]
+    assert [p.step for p in points] == [8, 26, 60]
+    for point in points:
+        assert point.loss == heldout_at(point.step, train)
+    alone = Events()
+    TrainingLoop(spec(train), alone, replace(settings, heldout_at_names=())).run()
+    assert [p.step for e in alone.of(rs.Heldout) for p in e.points] == [60]
+    np.testing.assert_array_equal(alone.losses(), events.losses())
+
+
 def test_heldout_off_evaluates_nothing():
     events = Events()
     TrainingLoop(spec(), events, LoopSettings(end_when_finished=True, heldout=False)).run()

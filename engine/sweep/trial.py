@@ -6,7 +6,11 @@ there); this function's thread turns the loop's events into Tune reports:
 one per chunk of training (its losses, as block means) carrying the newest
 held-out loss, the metric ASHA and the searcher compare. A chunk is reported
 when the next one's losses arrive, so a held-out evaluation made after it
-goes with it. Checkpoints are the project's own (engine.training.checkpoint,
+goes with it. Where ASHA's rungs count names seen, the loop ends a chunk at
+each rung and evaluates there, and the rung's report waits for it: ASHA
+compares trials on losses measured at the rung (the schedule alone spaces
+evaluations by time, thousands of steps apart for a small model).
+Checkpoints are the project's own (engine.training.checkpoint,
 written by the loop on a Save command) in a Tune checkpoint directory, at
 ASHA's rungs, every checkpoint_every_s and at the end, so any trial's model
 loads, samples and trains on in the window, and a resumed sweep continues
@@ -142,13 +146,15 @@ class Reporter:
         self._save_dir: str | None = None  # a Save sent, its Saved not come yet
         self._last_checkpoint = clock()
         self._milestones = sorted(base.milestones)
+        self._save_after_heldout: int | None = None  # a rung's checkpoint waits for its evaluation
 
     # the loop ---------------------------------------------------------------
     def run(self, spec) -> None:
         from ..training.loop import LoopSettings, TrainingLoop
         from ..training.protocol import End
 
-        settings = LoopSettings(target_chunk_s=self.base.report_every_s, heldout_share=HELDOUT_SHARE)
+        settings = LoopSettings(target_chunk_s=self.base.report_every_s, heldout_share=HELDOUT_SHARE,
+                                heldout_at_names=self._rungs_in_names())
         self.loop = TrainingLoop(spec, self.events.put, settings)
         thread = threading.Thread(target=self._run_loop, name="trial-loop", daemon=True)
         thread.start()
@@ -189,6 +195,9 @@ class Reporter:
             elif isinstance(event, rs.Losses):
                 if self._replaying:
                     continue  # a checkpoint's history: reported before it was saved
+                if self._save_after_heldout is not None:  # the rung's evaluation did not come
+                    self._save_after_heldout = None
+                    self._save()
                 if self._report_due():
                     self._flush()
                 self._add_losses(event)
@@ -198,6 +207,9 @@ class Reporter:
                     self._finish_when_evaluated()
             elif isinstance(event, rs.Heldout):
                 self._add_heldout(event)
+                if self._save_after_heldout is not None and self._heldout_step >= self._save_after_heldout:
+                    self._save_after_heldout = None
+                    self._save()
                 if self._finishing and self._heldout_step >= self.step:
                     self._finish()
             elif isinstance(event, rs.Status) and self._finishing:
@@ -272,7 +284,17 @@ class Reporter:
             self.heldout_loss = float(point.loss)
             self._heldout_step = int(point.step)
 
+    def _rungs_in_names(self) -> tuple[int, ...]:
+        """ASHA's rungs where the loop evaluates the held-out loss (LoopSettings.heldout_at_names):
+        all of them when they count names seen; none when they count seconds."""
+        if self.base.time_attr != "names_seen":
+            return ()
+        return tuple(math.ceil(m) for m in self.base.milestones)
+
     def _checkpoint_due(self) -> bool:
+        """Whether to save now: a rung crossed (counted in seconds; a rung counted in names
+        saves once the loop's evaluation there has come, so that the report ASHA compares at
+        the rung carries it), or checkpoint_every_s since the last checkpoint."""
         if self._save_dir is not None or self.heldout_loss is None and not self._new_heldout:
             return False
         progress = self.names_seen if self.base.time_attr == "names_seen" else self.train_seconds
@@ -280,6 +302,9 @@ class Reporter:
         while self._milestones and progress >= self._milestones[0]:
             self._milestones.pop(0)
             crossed = True
+        if crossed and self._rungs_in_names() and self._heldout_step < self.step:
+            self._save_after_heldout = self.step  # the rung's save (and any other due) waits
+            return False
         return crossed or self._clock() - self._last_checkpoint >= self.base.checkpoint_every_s
 
     def _save(self) -> None:

@@ -102,6 +102,10 @@ class LoopSettings:
     # a Futhark library built on first use while opening (tens of seconds): named by `call`,
     # its start and end reported as Status (engine.futhark.build's announcements)
     report_builds: bool = False
+    # names seen (steps x batch size) at which a chunk ends and the held-out loss is
+    # evaluated whatever the schedule says: a sweep's ASHA rungs, so that trials are
+    # compared on losses measured there, not thousands of steps before
+    heldout_at_names: tuple[int, ...] = ()
 
 
 class TrainingLoop:
@@ -310,15 +314,26 @@ class TrainingLoop:
         plan = self.settings.chunk_steps
         return self._k if plan is None else int(plan(self))
 
+    def _next_heldout_step(self) -> int | None:
+        """The first step after this one at which heldout_at_names asks for an evaluation."""
+        if not self.settings.heldout_at_names:
+            return None
+        batch, step = self.backend.train_config.batch_size, self.backend.step
+        steps = [-(-int(names) // batch) for names in self.settings.heldout_at_names]
+        return min((s for s in steps if s > step), default=None)
+
     def _train_chunk(self) -> None:
         k = self._next_chunk()
         if k <= 0:  # the caller's plan stops the run here
             self._evaluate(finished=True)
             self._move(rs.Stop())
             return
-        self._k = k
+        self._k = k  # the pace's; a chunk cut short at an evaluation step does not shrink it
         backend, clock = self.backend, self.settings.clock
         first = backend.step
+        at = self._next_heldout_step()
+        if at is not None:
+            k = min(k, at - first)
         self.call = f"training (step {first + 1:,}, {k:,} per call)"
         started = clock()
         try:
@@ -350,7 +365,7 @@ class TrainingLoop:
             self._emit(rs.Losses(losses, first, elapsed))
             self._measured(elapsed / len(losses))
         self.holdout_schedule.trained(elapsed)
-        self._evaluate(finished=backend.finished)
+        self._evaluate(finished=backend.finished or backend.step == at)
         self._maybe_autosave()
         if backend.finished:
             self._move(rs.Finished())
@@ -380,7 +395,8 @@ class TrainingLoop:
     # held-out evaluation -------------------------------------------------------------------
     def _evaluate(self, finished: bool) -> None:
         """The held-out loss, when the schedule says it is due (after a chunk within
-        its share of the training time, and once at the end), reported as Heldout."""
+        its share of the training time, and once at the end), reported as Heldout.
+        finished: evaluate now (the end of the run, or a step of heldout_at_names)."""
         if not self._evaluating or self.backend is None or not self._first_evaluation_affordable(finished):
             return
         self.call = "evaluating the held-out loss"
