@@ -85,6 +85,28 @@ def test_fifty_batched_steps_follow_numpy(name, batch, corpus):
         backend.close()
 
 
+@pytest.mark.parametrize("name", [MULTICORE_2_THREADS, MULTICORE_PARTS])
+@pytest.mark.parametrize("batch", [4, 32])
+def test_two_runs_of_one_batch_on_two_threads_are_the_same_bits(name, batch, corpus):
+    """The same run twice on two threads: the same losses and parameters, bit for bit (sums
+    over positions in position order, not in the order the threads meet them)."""
+    available(name)
+    train = fifty_steps_config(batch)
+    runs = []
+    for _ in range(2):
+        backend = open_backend(name, MODEL, train, corpus)
+        try:
+            assert_runs_as_named(name, backend)
+            losses = backend.train(20)
+            runs.append((losses, backend.get_state().params, backend.heldout_loss()))
+        finally:
+            backend.close()
+    (losses, params, heldout), (losses2, params2, heldout2) = runs
+    np.testing.assert_array_equal(losses, losses2)
+    np.testing.assert_array_equal(params, params2)
+    assert heldout == heldout2
+
+
 @pytest.mark.parametrize("in_parts", [False, True])
 @pytest.mark.parametrize("threads, batch", [(5, 3), (6, 4)])
 def test_a_batch_runs_on_no_more_threads_than_documents(threads, batch, in_parts, corpus, monkeypatch):

@@ -252,30 +252,24 @@ def layer_rows_t [rows][c] (p: products) (params: [rows][c]f32) (layout: []i64) 
 -- * Per position
 --
 -- The row-wise steps between the products (rmsnorm, residual sums, relu
--- and its mask): on the multicore backend a sequential loop over the
--- positions, each row's own work sequential too (as parallel maps they
--- woke the threads for a few microseconds' work each, and Futhark made
--- the inner maps parallel loops per position); a map elsewhere.  The
--- formulas are model.fut's rms_scale and rmsnorm_back, with their inner
--- sums and maps marked sequential.
-
--- | f of each of the n positions.
-#[inline]
-def positions 'a (p: products) (n: i64) (f: i64 -> a): *[n]a =
-  match p
-  case #tasks _ -> #[sequential] map f (iota n)
-  case _ -> map f (iota n)
+-- and its mask): a map over the positions, each row's own work
+-- sequential (as parallel maps, Futhark made the inner maps parallel
+-- loops per position).  The formulas are model.fut's rms_scale and
+-- rmsnorm_back, with their inner sums and maps marked sequential.  (The
+-- multicore program ran the positions as a sequential loop while waking
+-- a worker cost ~20 us; with the workers' spin, engine/futhark/spin_wait.h,
+-- the parallel maps are 1-5% faster: docs/performance.md.)
 
 -- | Each row's rmsnorm (without weights) and its scale.
 #[inline]
-def normalised [n][c] (p: products) (x: [n][c]f32): ([n][c]f32, [n]f32) =
-  unzip (positions p n (\r -> let row = #[unsafe] x[r]
-                              let s = 1 / f32.sqrt (#[sequential] f32.sum (map (\a -> a * a) row) / f32.i64 c + 1e-5)
-                              in (#[sequential] map (* s) row, s)))
+def normalised [n][c] (x: [n][c]f32): ([n][c]f32, [n]f32) =
+  unzip (map (\r -> let row = #[unsafe] x[r]
+                    let s = 1 / f32.sqrt (#[sequential] f32.sum (map (\a -> a * a) row) / f32.i64 c + 1e-5)
+                    in (#[sequential] map (* s) row, s)) (iota n))
 
 #[inline]
-def added [n][c] (p: products) (x: [n][c]f32) (y: [n][c]f32): *[n][c]f32 =
-  positions p n (\r -> #[sequential] map2 (+) (#[unsafe] x[r]) (#[unsafe] y[r]))
+def added [n][c] (x: [n][c]f32) (y: [n][c]f32): *[n][c]f32 =
+  map (\r -> #[sequential] map2 (+) (#[unsafe] x[r]) (#[unsafe] y[r])) (iota n)
 
 -- | model.fut's rmsnorm_back of one row.
 #[inline]
@@ -285,8 +279,8 @@ def norm_back_row [c] (dy: [c]f32) (y: [c]f32) (r: f32): [c]f32 =
 
 -- | dx plus the gradient back through y = rmsnorm(x) (scales r) from dy.
 #[inline]
-def add_norm_back [n][c] (p: products) (dx: [n][c]f32) (dy: [n][c]f32) (y: [n][c]f32) (r: [n]f32): *[n][c]f32 =
-  positions p n (\i -> #[unsafe] #[sequential] map2 (+) dx[i] (norm_back_row dy[i] y[i] r[i]))
+def add_norm_back [n][c] (dx: [n][c]f32) (dy: [n][c]f32) (y: [n][c]f32) (r: [n]f32): *[n][c]f32 =
+  map (\i -> #[unsafe] #[sequential] map2 (+) dx[i] (norm_back_row dy[i] y[i] r[i])) (iota n)
 
 -- * Attention, per document and head
 --
@@ -379,15 +373,15 @@ def batch_block [n][c][c3][f] (p: products) (h: i64) (b: i64) (t: i64) (w: layer
                               : (*[n][c]f32, batch_acts [n][b][h][t][c][c3][f]) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
-  let (xn, r1) = normalised p x
+  let (xn, r1) = normalised x
   let qkv = rows_linear p xn w.wqkv  -- (N, 3C)
   let probs = attention_weights b t h d scale qkv
   let y = attention_output b t h d qkv probs :> [n][c]f32
-  let x = added p x (rows_linear p y w.wo)
-  let (xn2, r2) = normalised p x
+  let x = added x (rows_linear p y w.wo)
+  let (xn2, r2) = normalised x
   let hid = rows_linear p xn2 w.fc1
-  let act = positions p n (\r -> #[sequential] map relu (#[unsafe] hid[r]))
-  let x = added p x (rows_linear p act w.fc2)
+  let act = map (\r -> #[sequential] map relu (#[unsafe] hid[r])) (iota n)
+  let x = added x (rows_linear p act w.fc2)
   in (x, {xn, r1, qkv, probs, y, xn2, r2, act})
 
 -- | The summed loss of the real positions (position r is real where r % T
@@ -398,7 +392,14 @@ def batch_loss_and_dlogits [n][v][c][b] (p: products) (lm_head: [v][c]f32) (x: [
                                         (lengths: [b]i64) (t: i64) (scale: f32): (f32, *[n][v]f32) =
   let real r = #[unsafe] r % t < lengths[r / t]
   let (losses, dlogits) = unzip (position_dlogits (rows_linear p x lm_head) targets (\r -> if real r then scale else 0))
-  in (f32.sum (map2 (\r loss -> if real r then loss else 0) (iota n) losses), dlogits)
+  let real_losses = map2 (\r loss -> if real r then loss else 0) (iota n) losses
+  -- summed in position order on the CPUs (futhark-multicore's parallel sum
+  -- split the positions as its threads took them, so its last bits changed
+  -- from run to run); a GPU's sum is a tree of fixed shape
+  let loss_sum = match p
+                 case #gpu -> f32.sum real_losses
+                 case _ -> loop sum = 0f32 for r < n do sum + #[unsafe] real_losses[r]
+  in (loss_sum, dlogits)
 
 -- * Backward
 
@@ -420,17 +421,17 @@ def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (w: layer_t [k
   -- x_out = x_mid + relu(xn2 @ fc1.T) @ fc2.T
   let g_fc2 = transposed_product p c f (transposed p dx) (transposed p a.act)  -- (C, 4C)
   let dact = rows_by_transposed p f dx w.fc2
-  let dhid = positions p n (\r -> #[unsafe] #[sequential] map2 (\g av -> if av > 0 then g else 0) dact[r] a.act[r])
+  let dhid = map (\r -> #[unsafe] #[sequential] map2 (\g av -> if av > 0 then g else 0) dact[r] a.act[r]) (iota n)
   let g_fc1 = transposed_product p f c (transposed p dhid) (transposed p a.xn2)  -- (4C, C)
   let dxn2 = rows_by_transposed p c dhid w.fc1
-  let dxmid = add_norm_back p dx dxn2 a.xn2 a.r2
+  let dxmid = add_norm_back dx dxn2 a.xn2 a.r2
   -- x_mid = x_in + attn(xn) @ wo.T
   let g_wo = transposed_product p c c (transposed p dxmid) (transposed p a.y)  -- (C, C)
   let dqkv = attention_back b t h d scale a.qkv a.probs (rows_by_transposed p c dxmid w.wo)
   let g_qkv = transposed_product p c3 c (transposed p dqkv) (transposed p a.xn)  -- (3C, C)
   let dxn = rows_by_transposed p c dqkv w.wqkv
   let grads = (g_qkv ++ g_wo ++ g_fc1 ++ as_rows g_fc2) :> [12 * c][c]f32
-  in (add_norm_back p dxmid dxn a.xn a.r1, grads)
+  in (add_norm_back dxmid dxn a.xn a.r1, grads)
 
 -- | The batch's mean loss over its real positions, and its gradient as
 -- the parameter buffer's rows (engine/params.py's layout, rows of C): a
@@ -453,7 +454,7 @@ def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]
   let targets = flatten (map (\row -> row[1:] :> [t]i32) tokens) :> [n]i32
   -- forward
   let e = map2 (\tok r -> #[unsafe] map2 (+) wte[i64.i32 tok] wpe[r % t]) inputs (iota n)
-  let (x0, r0) = normalised p e
+  let (x0, r0) = normalised e
   -- the activations' buffer starts as zeros: Futhark has no uninitialised
   -- arrays, and each layer's entry is then written in place
   let zeros m = replicate n (replicate m 0f32)
@@ -476,12 +477,25 @@ def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]
       let (dx, g) = batch_block_back p (layer_rows_t p params layout c3 f j) acts[j] dx
       let first = head_end + 12 * c * j
       in (dx, grads with [first:first + 12 * c] = g)
-  let dx0 = positions p n (\i -> #[unsafe] norm_back_row dx[i] x0[i] r0[i])
+  let dx0 = map (\i -> #[unsafe] norm_back_row dx[i] x0[i] r0[i]) (iota n)
   let g_head = transposed_product p nv c (transposed p dlogits) (transposed p x)  -- (V, C)
-  -- wte: each position's dx0 added to its token's row; wpe: position i's
-  -- row the sum over the documents of their position i (none past T)
-  let g_wte = reduce_by_index (replicate nv (replicate c 0)) (map2 (+)) (replicate c 0)
-                              (map i64.i32 inputs) dx0
+  -- wte: token v's row the sum of dx0 over the positions holding v, in
+  -- position order (as one document's np.add.at); wpe: position i's row the sum
+  -- over the documents of their position i (none past T).  A parallel
+  -- reduce_by_index adds in whatever order the threads (or a GPU's atomics)
+  -- meet the rows: two futhark-multicore runs of one batch differed after 3
+  -- steps.  So in parallel each token's row (on a GPU: each value) is
+  -- summed by one thread, and only the sequential program keeps
+  -- reduce_by_index, which goes in position order.
+  let token_rows v = #[unsafe] loop acc = replicate c 0f32 for i < n do
+                       if inputs[i] != i32.i64 v then acc
+                       else loop acc for e < c do acc with [e] = acc[e] + dx0[i, e]
+  let g_wte = match p
+              case #sequential -> reduce_by_index (replicate nv (replicate c 0)) (map2 (+)) (replicate c 0)
+                                                  (map i64.i32 inputs) dx0
+              case #tasks _ -> tabulate nv token_rows
+              case #gpu -> tabulate_2d nv c (\v e -> #[unsafe] loop sum = 0f32 for i < n do
+                                                      if inputs[i] == i32.i64 v then sum + dx0[i, e] else sum)
   let per_doc = unflatten (dx0 :> [b * t][c]f32)
   let g_wpe = tabulate dm.block_size (\i -> if i < t
                                              then #[unsafe] loop s = replicate c 0 for j < b do map2 (+) s per_doc[j, i]

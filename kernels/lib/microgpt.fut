@@ -198,10 +198,14 @@ def batch_in_parts [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i
     let toks = tabulate per (\j -> #[unsafe] tokens[doc j])
     in batch_gradient_sum #sequential s.dims s.layout params toks lens (1 / count)
   let (loss_sums, grads) = unzip (#[sequential_inner] map group (iota parts))
-  let loss = f32.sum loss_sums / count
+  let loss = (loop sum = 0f32 for q < parts do sum + loss_sums[q]) / count  -- in group order, every run
   -- row o of the batch's gradient (computed where it is read: by the test
-  -- and by the update, rather than summed into a buffer of its own)
-  let gradient o = #[unsafe] #[sequential] loop g = copy grads[0, o] for q in 1..<parts do map2 (+) g grads[q, o]
+  -- and by the update, rather than summed into a buffer of its own); the
+  -- first two rows added directly (a copy of the first went through the
+  -- runtime's general copy, row by row: 1-3% of a tiny or learn step)
+  let gradient o = #[unsafe] #[sequential]
+                   if parts == 1 then copy grads[0, o]
+                   else loop g = map2 (+) grads[0, o] grads[1, o] for q in 2..<parts do map2 (+) g grads[q, o]
   let ok = finite loss && squared_norm_is_finite rows gradient
   let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) gradient params m v
   in (loss, ok, params, m, v)
