@@ -2,9 +2,9 @@
 -- documents a step on several threads (`futhark multicore --library`):
 -- exactly the entry points engine/backends/futhark_backend.py calls at
 -- B > 1 (its entry_points(B, "multicore"); one thread runs c_batch.fut's
--- library).  The batched step's products, transposes and per-position
--- loops take their multicore forms from `products` (lib/batch.fut);
--- small models' batches train in parts instead (train_batch_parts).  multicore.fut is the
+-- library).  The batched step's products and transposes take their
+-- multicore forms from `products` (lib/batch.fut); small models'
+-- batches train in parts instead (train_batch_parts).  multicore.fut is the
 -- program for one document a step (c.fut says why the two are apart).
 -- Held-out losses and sampling are not in it: at B > 1 the backend runs
 -- them in the program for one document a step, on its own copy of the
