@@ -80,12 +80,13 @@ def test_qkv_grads_merged_is_the_three_products_merged_as_the_qkv_product():
 FAULTS_PER_STEP = textwrap.dedent("""
     import resource, sys
     import engine.backends.numpy_backend as nb
+    import engine.backends.futhark_backend as fbk
     if sys.argv[1] == "off":
-        nb.keep_freed_memory = lambda step_bytes: None
+        nb.keep_freed_memory = fbk.keep_freed_memory = lambda step_bytes: None
     from engine import PRESETS, Corpus, open_backend
     names = ["".join(chr(97 + (i * 7 + j * 3) % 26) for j in range(3 + i % 12)) for i in range(500)]
     preset = PRESETS["learn"]  # batch 32
-    backend = open_backend("numpy", preset.model, preset.train, Corpus.from_lines(names))
+    backend = open_backend(sys.argv[2], preset.model, preset.train, Corpus.from_lines(names))
     backend.train(10)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     backend.train(40)
@@ -93,10 +94,10 @@ FAULTS_PER_STEP = textwrap.dedent("""
 """)
 
 
-def faults_per_step(mode: str) -> float:
+def faults_per_step(mode: str, backend: str = "numpy") -> float:
     """Minor page faults per batched step on `learn`, in a fresh process (glibc's
     thresholds at their start), with engine.backends.heap's priming "on" or "off"."""
-    done = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, mode], cwd=REPO_ROOT,
+    done = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, mode, backend], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return float(done.stdout.strip().splitlines()[-1])
@@ -107,3 +108,53 @@ def test_a_batched_step_takes_no_fresh_pages_once_running():
     # about 200 faults per step (a step's activations mapped again) without the priming
     assert faults_per_step("off") > 50
     assert faults_per_step("on") < 5
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="engine.backends.heap tunes glibc's malloc")
+def test_futhark_cs_batched_step_takes_no_fresh_pages_once_running():
+    # Futhark keeps its buffers of 1 MiB and more; the smaller ones come from malloc
+    # each step (about 40 fresh pages a step at learn without the priming)
+    from engine.backends import probe_backend
+
+    ok, reason = probe_backend("futhark-c")
+    if not ok:
+        pytest.skip(reason)
+    assert faults_per_step("off", "futhark-c") > 10
+    assert faults_per_step("on", "futhark-c") < 5
+
+
+HEAP_BLOCKS = textwrap.dedent("""
+    import ctypes, resource, sys
+    from engine.backends.heap import keep_freed_memory
+    if sys.argv[1] == "on":
+        keep_freed_memory(64 << 20)  # a step's activations past glibc's 32 MiB
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def touch(size):  # malloc, write every page, free
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        libc.free(block)
+
+    touch(24 << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    touch(24 << 20)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="engine.backends.heap tunes glibc's malloc")
+def test_a_step_past_32_mib_keeps_its_freed_memory_too():
+    """keep_freed_memory for a step of more than glibc's largest dynamic threshold
+    (32 MiB) frees a block just under it: one of exactly 32 MiB is a page over once
+    malloc's header is counted, and left the thresholds where they were (every
+    block of 24 MiB then mapped afresh: 6,144 page faults)."""
+    def faults(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", HEAP_BLOCKS, mode], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip().splitlines()[-1])
+
+    assert faults("off") > 1000
+    assert faults("on") < 50

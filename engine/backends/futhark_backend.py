@@ -30,6 +30,7 @@ from ..data.corpus import Corpus
 from ..params import LAYER_PARAMS, ParamSpec
 from ..errors import BackendError, Cancelled
 from .base import Backend, TrainState, losses_until_divergence, sample_rows_to_ids
+from .heap import keep_freed_memory
 from .numpy_backend import usable_cores
 
 # Sampling runs this many samples per kernel call at most, fewer where their
@@ -135,6 +136,10 @@ class FutharkBackend(Backend):
         self._model = self._call("new_model", *arguments)
         self._lost = ""  # why the weights are gone (a failed train call consumed them)
         self._weights = self._call("initial_weights", self._model, np.ascontiguousarray(params, np.float32))
+        if self.train_config.batch_size > 1:
+            # a batched step's buffers under 1 MiB come from malloc every step
+            # (Futhark keeps larger ones itself): kept in the heap, as for NumPy
+            keep_freed_memory(self.step_activation_bytes())
         # B > 1: the program for one document a step, for held-out losses and
         # sampling, and its copy of the weights (None: not made since they changed)
         self._eval_fut = self._eval_model = self._eval_weights = None

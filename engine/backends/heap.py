@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import numpy as np
 
-# glibc's largest dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX)
+# glibc's largest dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX):
+# a freed block raises the thresholds only if its chunk (the block, malloc's
+# header, rounded up to whole pages) is at most this; a block of exactly 32 MiB
+# is a page over it and raised nothing (every step from about s256 at 32
+# documents on, whose activations pass 32 MiB, until 2026-12-05)
 MMAP_THRESHOLD_MAX = 32 << 20
+LARGEST_BLOCK = MMAP_THRESHOLD_MAX - (64 << 10)
 
 
 def keep_freed_memory(step_bytes: int) -> None:
     """Let about step_bytes of memory freed during a step stay in the heap (see above).
     The block is never written, so it costs no memory."""
-    np.empty(min(step_bytes, MMAP_THRESHOLD_MAX), dtype=np.uint8)
+    np.empty(min(step_bytes, LARGEST_BLOCK), dtype=np.uint8)
