@@ -339,15 +339,20 @@ MULTICORE_MIN_WORK = 300_000
 THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 # Batches of small models train in parts on several threads (kernels/lib/microgpt.fut
 # batch_in_parts: a group of documents per thread, three parallel loops a step
-# instead of about a hundred). Measured side by side on the 2-core Xeon
-# (docs/performance.md, "A batch in parts", 2026-12-05), ms a step, in parts against
-# the products' tasks (or one thread where that was faster): tiny at 32 documents
-# 0.38 against 0.54 (one thread 0.68), learn 1.37 against 1.57, s32 1.39 against
-# 1.61; s64 (155,000 parameters) level (5.0 either way), s128 slower in parts
-# (23.9 against 20.4). Few documents are not worth the threads: tiny at 8
-# documents 0.137 against one thread's 0.149, at 4 0.097 against 0.079; learn at
-# 4 level, at 8 0.41 against 0.52.
-PARTS_MAX_PARAMS = 100_000
+# instead of about a hundred). A group's step runs inside one of Futhark's tasks,
+# where Futhark 0.25.34 never frees what a function of the program returns: the
+# step in parts leaked (learn at 32 documents 250 KB a step) until 2026-12-05,
+# night, when it came to call none (lib/batch.fut batch_gradient_sum's in_task),
+# each group padded to its own longest document. Measured side by side on the
+# 2-core Xeon then (docs/performance.md, "A batch in parts that leaked"), ms a
+# step, in parts against the products' tasks (or one thread where that is
+# faster): tiny at 32 documents 0.40 against 0.71 (one thread), learn 1.29
+# against 1.57-1.62, s32 1.33 against 1.62, s64 (155,000 parameters) 4.61 against
+# 5.23; at 8 documents learn 0.39 against 0.53 (one thread), s64 1.55 against
+# 1.77; s128 (810,000) mixed (20.3 against 21.4 at 32 documents, 11.8 against
+# 11.0 at 16), s256 slower (120 against 113). Few documents are not worth the
+# threads: tiny at 4 documents 0.097 against one thread's 0.079.
+PARTS_MAX_PARAMS = 200_000
 PARTS_MIN_BATCH = 8
 # A batched step never runs on more threads than it has documents: Futhark
 # 0.25.34's multicore runtime runs a parallel loop of fewer iterations than

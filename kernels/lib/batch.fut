@@ -230,24 +230,34 @@ def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
 -- columns q C .. q C + C - 1 of its row a.
 type layer_t [kc][kf][c][c3][f] = {wqkv: [kc][8][c3]f32, wo: [kc][8][c]f32, fc1: [kc][8][f]f32, fc2: [kf][8][c]f32}
 
-#[noinline]
+#[inline]
 def fc2_rows [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
   map (\a -> flatten (#[unsafe] params[r + 4 * a:r + 4 * a + 4] :> [4][c]f32)) (iota c)
 
+#[noinline]
+def fc2_rows_apart [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 = fc2_rows params r
+
+-- | fc2_rows as a function of its own, or inlined where the step runs
+-- inside a task (`in_task`, batch_gradient_sum says why).
 #[inline]
-def layer_rows [rows][c] (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64): layer [c][c3][f] =
-  let at j = layout[3 + 6 * l + j] / c
-  in {wqkv = weight_rows params (at 0) c3, wo = weight_rows params (at 3) c, fc1 = weight_rows params (at 4) f,
-      fc2 = fc2_rows params (at 5) :> [c][f]f32}
+def fc2_rows_at [rows][c] (in_task: bool) (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
+  if in_task then fc2_rows params r else fc2_rows_apart params r
 
 #[inline]
-def layer_rows_t [rows][c] (p: products) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64)
-                           : layer_t [(c + 7) / 8][(f + 7) / 8][c][c3][f] =
+def layer_rows [rows][c] (in_task: bool) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64)
+                         : layer [c][c3][f] =
+  let at j = layout[3 + 6 * l + j] / c
+  in {wqkv = weight_rows params (at 0) c3, wo = weight_rows params (at 3) c, fc1 = weight_rows params (at 4) f,
+      fc2 = fc2_rows_at in_task params (at 5) :> [c][f]f32}
+
+#[inline]
+def layer_rows_t [rows][c] (p: products) (in_task: bool) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64)
+                           (l: i64): layer_t [(c + 7) / 8][(f + 7) / 8][c][c3][f] =
   let at j = layout[3 + 6 * l + j] / c
   in {wqkv = transposed p (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
       wo = transposed p (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
       fc1 = transposed p (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
-      fc2 = transposed p (fc2_rows params (at 5) :> [c][f]f32)}
+      fc2 = transposed p (fc2_rows_at in_task params (at 5) :> [c][f]f32)}
 
 -- * Per position
 --
@@ -322,19 +332,26 @@ def attention_weights [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (
        in causal_softmax i (tabulate t (\i2 -> if i2 <= i then dot q (head_row t d qkv c j hh i2) * scale else 0)))
 
 -- | The attention output (N, C): position i's head hh is sum_i2 p[i, i2] v[i2].
--- (A function of its own, as attention_back: fused into the next
--- product, its reshape was read with divisions on multicore.)
-#[noinline]
-def attention_output [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32) (probs: [b][h][t][t]f32)
-    : *[n][h * d]f32 =
+-- (A function of its own, as attention_back, attention_output_apart:
+-- fused into the next product, its reshape was read with divisions on
+-- multicore.)  by_rows: for a step inside a task, where it is inlined
+-- (batch_gradient_sum's in_task): the heads of each row, then copied into
+-- (N, C) rows with a division per element, once; read as a reshape, each
+-- product's loop divided per element (a group's step at learn 2.6x
+-- slower).
+#[inline]
+def attention_output [n][c3] (by_rows: bool) (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32)
+                             (probs: [b][h][t][t]f32): *[n][h * d]f32 =
   let c = h * d
-  in position_rows n (tabulate_3d b t h (\j i hh ->
-       weighted_rows d (i + 1) (\i2 -> #[unsafe] probs[j, hh, i, i2]) (head_row t d qkv (2 * c) j hh)))
+  let head j i hh = weighted_rows d (i + 1) (\i2 -> #[unsafe] probs[j, hh, i, i2]) (head_row t d qkv (2 * c) j hh)
+  in if by_rows then let heads = tabulate n (\r -> tabulate h (head (r / t) (r % t)))
+                     in tabulate_2d n (h * d) (\r k -> #[unsafe] heads[r, k / d, k % d])
+     else position_rows n (tabulate_3d b t h head)
 
 -- | Back through the attention: the gradient of the queries, keys and
 -- values (N, 3C) from the output's gradient dy (N, C).
-#[noinline]
-def attention_back [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
+#[inline]
+def attention_back [n][c3][c] (by_rows: bool) (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
                               (probs: [b][h][t][t]f32) (dy: [n][c]f32): *[n][c3]f32 =
   -- datt[i, i2] = p (dp - sum_i2 p dp) scale, dp[i, i2] = dy_i . v_i2
   let datt = tabulate_3d b h t (\j hh i ->
@@ -349,8 +366,20 @@ def attention_back [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (
     if k == 0 then weighted_rows d (i + 1) (\i2 -> datt[j, hh, i, i2]) (head_row t d qkv c j hh)
     else if k == 1 then weighted_rows d (t - i) (\i2 -> datt[j, hh, i + i2, i]) (\i2 -> head_row t d qkv 0 j hh (i + i2))
     else weighted_rows d (t - i) (\i2 -> probs[j, hh, i + i2, i]) (\i2 -> head_row t d dy 0 j hh (i + i2))
-  let grads = tabulate_3d b t 3 (\j i k -> tabulate h (part j i k))
-  in unflatten (flatten (flatten (flatten (flatten grads))) :> [n * c3]f32)
+  let position j i = tabulate 3 (\k -> tabulate h (part j i k))
+  in if by_rows then let parts = tabulate n (\r -> position (r / t) (r % t))
+                     in tabulate_2d n c3 (\r k -> #[unsafe] parts[r, k / c, (k % c) / d, k % d])
+     else unflatten (flatten (flatten (flatten (flatten (tabulate_2d b t position)))) :> [n * c3]f32)
+
+#[noinline]
+def attention_output_apart [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32) (probs: [b][h][t][t]f32)
+    : *[n][h * d]f32 =
+  attention_output false b t h d qkv probs
+
+#[noinline]
+def attention_back_apart [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
+                                    (probs: [b][h][t][t]f32) (dy: [n][c]f32): *[n][c3]f32 =
+  attention_back false b t h d scale qkv probs dy
 
 -- * Forward
 
@@ -369,14 +398,15 @@ type batch_acts [n][b][h][t][c][c3][f] =
 -- | One pre-norm transformer layer over the N positions of B documents of
 -- T positions, with its activations.
 #[inline]
-def batch_block [n][c][c3][f] (p: products) (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
+def batch_block [n][c][c3][f] (p: products) (in_task: bool) (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
                               : (*[n][c]f32, batch_acts [n][b][h][t][c][c3][f]) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   let (xn, r1) = normalised x
   let qkv = rows_linear p xn w.wqkv  -- (N, 3C)
   let probs = attention_weights b t h d scale qkv
-  let y = attention_output b t h d qkv probs :> [n][c]f32
+  let y = (if in_task then attention_output true b t h d qkv probs
+           else attention_output_apart b t h d qkv probs) :> [n][c]f32
   let x = added x (rows_linear p y w.wo)
   let (xn2, r2) = normalised x
   let hid = rows_linear p xn2 w.fc1
@@ -411,7 +441,7 @@ def batch_loss_and_dlogits [n][v][c][b] (p: products) (lm_head: [v][c]f32) (x: [
 -- inner loop runs over the positions).  `w`: the layer's weights,
 -- transposed.
 #[inline]
-def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (w: layer_t [kc][kf][c][c3][f])
+def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (in_task: bool) (w: layer_t [kc][kf][c][c3][f])
                                             (a: batch_acts [n][b][h][t][c][c3][f])
                                             (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
   let d = c / h
@@ -427,7 +457,9 @@ def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (w: layer_t [k
   let dxmid = add_norm_back dx dxn2 a.xn2 a.r2
   -- x_mid = x_in + attn(xn) @ wo.T
   let g_wo = transposed_product p c c (transposed p dxmid) (transposed p a.y)  -- (C, C)
-  let dqkv = attention_back b t h d scale a.qkv a.probs (rows_by_transposed p c dxmid w.wo)
+  let dy = rows_by_transposed p c dxmid w.wo
+  let dqkv = if in_task then attention_back true b t h d scale a.qkv a.probs dy
+             else attention_back_apart b t h d scale a.qkv a.probs dy
   let g_qkv = transposed_product p c3 c (transposed p dqkv) (transposed p a.xn)  -- (3C, C)
   let dxn = rows_by_transposed p c dqkv w.wqkv
   let grads = (g_qkv ++ g_wo ++ g_fc1 ++ as_rows g_fc2) :> [12 * c][c]f32
@@ -442,7 +474,16 @@ def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (w: layer_t [k
 -- the scaled losses, so that groups of a batch's documents can each take
 -- their share (microgpt.fut's batch_in_parts); batch_gradient is the whole
 -- batch's.
-def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
+--
+-- in_task: the step runs inside a task of the multicore program (a group
+-- of batch_in_parts).  There Futhark 0.25.34 never frees what a function
+-- of its own returns (a step at learn in parts leaked 250 KB, at s64 1.2
+-- MB), so every function is inlined; elsewhere the few producers above
+-- are functions of their own (the header says why).  Inlined too: called
+-- from more than one place, a function this large can stay one, its
+-- buffers allocated and zeroed anew each call.
+#[inline]
+def batch_gradient_sum [rows][c][b][t1][l] (p: products) (in_task: bool) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
                                            (tokens: [b][t1]i32) (lengths: [b]i64) (scale: f32)
                                            : (f32, *[rows][c]f32) =
   let t = t1 - 1
@@ -464,7 +505,7 @@ def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]
      xn2 = zeros c, r2 = replicate n 0, act = zeros f}
   let (x, acts) =
     loop (x, acts) = (copy x0, replicate nl none) for j < nl do
-      let (x, a) = batch_block p h b t (layer_rows params layout c3 f j) x
+      let (x, a) = batch_block p in_task h b t (layer_rows in_task params layout c3 f j) x
       in (x, acts with [j] = (a :> batch_acts [n][b][h][t][c][c3][f]))
   let (loss_sum, dlogits) = batch_loss_and_dlogits p lm_head x targets lengths t scale
   -- backward: the gradient rows of each layer, top down, then lm_head,
@@ -474,7 +515,7 @@ def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]
   let (dx, grads) =
     loop (dx, grads) = (rows_by_transposed p c dlogits (transposed p lm_head), grads) for i < nl do
       let j = nl - 1 - i
-      let (dx, g) = batch_block_back p (layer_rows_t p params layout c3 f j) acts[j] dx
+      let (dx, g) = batch_block_back p in_task (layer_rows_t p in_task params layout c3 f j) acts[j] dx
       let first = head_end + 12 * c * j
       in (dx, grads with [first:first + 12 * c] = g)
   let dx0 = map (\i -> #[unsafe] norm_back_row dx[i] x0[i] r0[i]) (iota n)
@@ -508,5 +549,5 @@ def batch_gradient_sum [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]
 def batch_gradient [rows][c][b][t1][l] (p: products) (dm: dims) (layout: [l]i64) (params: [rows][c]f32)
                                        (tokens: [b][t1]i32) (lengths: [b]i64): (f32, *[rows][c]f32) =
   let count = f32.i64 (i64.sum lengths)
-  let (loss_sum, grads) = batch_gradient_sum p dm layout params tokens lengths (1 / count)
+  let (loss_sum, grads) = batch_gradient_sum p false dm layout params tokens lengths (1 / count)
   in (loss_sum / count, grads)

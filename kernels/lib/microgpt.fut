@@ -171,33 +171,45 @@ def batch_of_documents [rows][c][l][n][d] (products: products) (s: model [l][n][
   let (params, m, v) = update_from_gradient s.dims (adam_at s.adam step ok) row params m v
   in (loss, ok, params, m, v)
 
+-- | Group q of `parts` groups of about B / parts of step `step`'s B
+-- documents (the last group padded with empty documents), padded to the
+-- group's longest document: the sum of its share of the batch's mean loss
+-- (1 / count per position, count: the batch's real positions) and its
+-- gradient, computed as the sequential program computes a batch's.
+#[inline]
+def group_gradient [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i64) (params: [rows][c]f32) (q: i64)
+                                      : (f32, *[rows][c]f32) =
+  let b = s.batch
+  let lengths = batch_lengths s.windows b step
+  let count = f32.i64 (i64.sum lengths)
+  let per = (b + parts - 1) / parts
+  let doc j = i64.min (b - 1) (q * per + j)
+  let lens = tabulate per (\j -> if q * per + j < b then #[unsafe] lengths[doc j] else 0)
+  -- the group's own longest, not the batch's: padding costs as much as a
+  -- document (a group at tiny to s32 1.06x faster so, docs/performance.md)
+  let t = i64.maximum lens
+  let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)  -- past t cut short: not read
+  let toks = tabulate per (\j -> #[unsafe] tokens[doc j])
+  in batch_gradient_sum #sequential true s.dims s.layout params toks lens (1 / count)
+
 -- | batch_of_documents by futhark-multicore for small models
 -- (multicore_batch.fut's train_batch_parts): the B documents in `parts`
--- groups of about B / parts (the last padded with empty documents), each
--- group's gradient computed by one task as the sequential program computes
--- it, then the groups' gradients summed row by row into the update.  A
--- step is then three parallel loops (the groups, the finiteness test, the
+-- groups (group_gradient), each group's gradient computed by one task,
+-- then the groups' gradients summed row by row into the update.  A step
+-- is then three parallel loops (the groups, the finiteness test, the
 -- update) where batch_of_documents has about a hundred, each waking the
 -- threads for a few microseconds' work at these sizes (docs/performance.md,
--- "A batch in parts").  It holds a gradient per group, and from s64 on the
--- products' own tasks are as fast (s64) or faster (s128 on), so
+-- "A batch in parts").  A group's step runs inside a task, so it calls no
+-- function of its own (batch.fut's batch_gradient_sum, in_task: what such
+-- a call returned there was never freed).  It holds a gradient per group,
+-- and from s128 on the products' own tasks are as fast or faster, so
 -- engine/backends/futhark_backend.py uses it for small models alone
 -- (batches_in_parts).
 def batch_in_parts [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i64)
     (params: *[rows][c]f32) (m: *[rows][c]f32) (v: *[rows][c]f32)
     : (f32, bool, *[rows][c]f32, *[rows][c]f32, *[rows][c]f32) =
-  let b = s.batch
-  let lengths = batch_lengths s.windows b step
-  let t = i64.maximum lengths
-  let tokens = batch_tokens s.dims s.tokens s.offsets lengths step (t + 1)
-  let count = f32.i64 (i64.sum lengths)
-  let per = (b + parts - 1) / parts
-  let group q =
-    let doc j = i64.min (b - 1) (q * per + j)
-    let lens = tabulate per (\j -> if q * per + j < b then #[unsafe] lengths[doc j] else 0)
-    let toks = tabulate per (\j -> #[unsafe] tokens[doc j])
-    in batch_gradient_sum #sequential s.dims s.layout params toks lens (1 / count)
-  let (loss_sums, grads) = unzip (#[sequential_inner] map group (iota parts))
+  let count = f32.i64 (i64.sum (batch_lengths s.windows s.batch step))
+  let (loss_sums, grads) = unzip (#[sequential_inner] map (group_gradient parts s step params) (iota parts))
   let loss = (loop sum = 0f32 for q < parts do sum + loss_sums[q]) / count  -- in group order, every run
   -- row o of the batch's gradient (computed where it is read: by the test
   -- and by the update, rather than summed into a buffer of its own); the
