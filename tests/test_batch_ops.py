@@ -94,13 +94,19 @@ FAULTS_PER_STEP = textwrap.dedent("""
 """)
 
 
-def faults_per_step(mode: str, backend: str = "numpy") -> float:
-    """Minor page faults per batched step on `learn`, in a fresh process (glibc's
-    thresholds at their start), with engine.backends.heap's priming "on" or "off"."""
-    done = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, mode, backend], cwd=REPO_ROOT,
+def fresh_process_result(script: str, *args: str) -> float:
+    """The number a script prints last, run in a fresh process (glibc's thresholds at
+    their start)."""
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return float(done.stdout.strip().splitlines()[-1])
+
+
+def faults_per_step(mode: str, backend: str = "numpy") -> float:
+    """Minor page faults per batched step on `learn`, in a fresh process, with
+    engine.backends.heap's priming "on" or "off"."""
+    return fresh_process_result(FAULTS_PER_STEP, mode, backend)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="engine.backends.heap tunes glibc's malloc")
@@ -150,11 +156,5 @@ def test_a_step_past_32_mib_keeps_its_freed_memory_too():
     (32 MiB) frees a block just under it: one of exactly 32 MiB is a page over once
     malloc's header is counted, and left the thresholds where they were (every
     block of 24 MiB then mapped afresh: 6,144 page faults)."""
-    def faults(mode: str) -> int:
-        done = subprocess.run([sys.executable, "-c", HEAP_BLOCKS, mode], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return int(done.stdout.strip().splitlines()[-1])
-
-    assert faults("off") > 1000
-    assert faults("on") < 50
+    assert fresh_process_result(HEAP_BLOCKS, "off") > 1000
+    assert fresh_process_result(HEAP_BLOCKS, "on") < 50

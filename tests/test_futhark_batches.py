@@ -299,8 +299,6 @@ def test_one_document_per_step_is_unchanged(name, corpus):
         backend.close()
 
 
-
-
 def resident_bytes() -> int:
     """This process's resident memory (Linux)."""
     with open("/proc/self/statm") as f:
@@ -312,8 +310,8 @@ def resident_bytes() -> int:
 def test_a_batched_step_holds_no_more_memory_the_longer_it_trains(name, corpus):
     """500 more steps leave the process about as large: futhark-multicore's step in
     parts leaked every step what the functions its groups called returned (Futhark
-    0.25.34 frees nothing such a call returns inside a task): here about 40 KB a
-    step, 20 MB in 500; at learn and 32 documents 250 KB a step. (Futhark's own
+    0.25.34 frees nothing such a call returns inside a task): here about 33 KB a
+    step, 16.7 MB in 500; at learn and 32 documents 250 KB a step. (Futhark's own
     count of its memory is no measure here: its threads update it unlocked.)"""
     available(name)
     train = TrainConfig(num_steps=100_000, batch_size=8, holdout=3, learning_rate=0.001)
