@@ -351,8 +351,13 @@ THREADS_ENV = "MICROGPT_FUTHARK_THREADS"  # overrides the multicore thread count
 # 5.23; at 8 documents learn 0.39 against 0.53 (one thread), s64 1.55 against
 # 1.77; s128 (810,000) mixed (20.3 against 21.4 at 32 documents, 11.8 against
 # 11.0 at 16), s256 slower (120 against 113). Few documents are not worth the
-# threads: tiny at 4 documents 0.097 against one thread's 0.079.
-PARTS_MAX_PARAMS = 200_000
+# threads: tiny at 4 documents 0.097 against one thread's 0.079. Since the
+# attention's sums ran by the position attended to (2026-12-06; docs/performance.md,
+# "Attention by the position attended to"), a group's step is faster, and s128
+# is faster in parts too: 17.8-18.6 against 19.8-21.1 at 32 documents, 10.3-10.5
+# against 11.0-12.5 at 16, 7.0 against 7.1 at 8; s256 (4.8 million) level at 32
+# (110.6 against 111.1) and slower at 16 (74 against 64).
+PARTS_MAX_PARAMS = 1_000_000
 PARTS_MIN_BATCH = 8
 # A batched step never runs on more threads than it has documents: Futhark
 # 0.25.34's multicore runtime runs a parallel loop of fewer iterations than

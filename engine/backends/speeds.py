@@ -81,8 +81,9 @@ class SpeedTable:
 # on a 2-core Intel Xeon, on the kernel of 2026-12-03, 21:00 (these replace the
 # first table's rows of 2026-12-02, from a Xeon under a load of 3.8 to 5.9); the
 # rows where futhark-multicore runs two threads measured again after the
-# workers' wait (2026-12-05), batch 32's all again after batches in parts, and
-# from tiny to s64 again after those steps' leak was mended (2026-12-05, night).
+# workers' wait (2026-12-05), batch 32's all again after batches in parts, from
+# tiny to s64 again after those steps' leak was mended (2026-12-05, night), and
+# all again after the attention's sums ran by the position attended to (2026-12-06).
 # x86-64 AVX2: batch 32, on a 2-core AMD EPYC (Zen 2): tiny and s32 on the
 # kernel of 2026-12-03 (4 x 2 product tiles), learn to s256 on that of
 # 2026-12-03, 21:00. PyTorch's rows are not shipped: it is a comparison in
@@ -131,47 +132,34 @@ SHIPPED: tuple[SpeedTable, ...] = (
             ("futhark-multicore", "gpt2-small", 85_762_560, 1, 108.6),
         ),
     ),
-    # A batch in parts (2026-12-05, evening): futhark-multicore trained the batches
-    # of models under 100,000 parameters in a group of documents per thread; its
-    # rows from tiny to s64 measured again below, since those steps leaked.
+    # Attention by the position attended to (2026-12-06): the attention's sums with the
+    # position attended to outermost, the widest products as rows of axpys, and batches
+    # in parts up to 1,000,000 parameters (s128 too). PyTorch's rows are not shipped.
     SpeedTable(
-        date="2026-12-05",
-        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 1.2-1.4)",
+        date="2026-12-06",
+        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 1.4-1.6)",
         command="microgpt-gui bench --backends numpy,torch,futhark-c,futhark-multicore "
                 "--presets learn,tiny,s32,s64,s128,s256 --batch 32 --sample-names 0 --rounds 2",
         cpu="x86-64 AVX-512",
         rows=(
-            ("numpy", "s128", 809_728, 32, 20.39),
-            ("futhark-c", "s128", 809_728, 32, 37.18),
-            ("futhark-multicore", "s128", 809_728, 32, 20.96),
-            ("numpy", "s256", 4_797_952, 32, 76.35),
-            ("futhark-c", "s256", 4_797_952, 32, 216.6),
-            ("futhark-multicore", "s256", 4_797_952, 32, 118.0),
-        ),
-    ),
-    # A batch in parts that leaked (2026-12-05, night): a group's step calls no
-    # function of its own, and is padded to its own longest document; in parts up to
-    # 200,000 parameters (s64 too); Futhark's batches keep their freed memory
-    # (heap.py). PyTorch was not run (it trails NumPy at these presets).
-    SpeedTable(
-        date="2026-12-05",
-        machine="Intel(R) Xeon(R) Processor, 2 cores, shared (load average 1.1-1.2)",
-        command="microgpt-gui bench --backends numpy,futhark-c,futhark-multicore "
-                "--presets learn,tiny,s32,s64 --batch 32 --sample-names 0 --rounds 2",
-        cpu="x86-64 AVX-512",
-        rows=(
-            ("numpy", "learn", 26_816, 32, 1.656),
-            ("futhark-c", "learn", 26_816, 32, 2.284),
-            ("futhark-multicore", "learn", 26_816, 32, 1.328),
-            ("numpy", "tiny", 4_192, 32, 0.5711),
-            ("futhark-c", "tiny", 4_192, 32, 0.6875),
-            ("futhark-multicore", "tiny", 4_192, 32, 0.4052),
-            ("numpy", "s32", 27_328, 32, 1.653),
-            ("futhark-c", "s32", 27_328, 32, 2.228),
-            ("futhark-multicore", "s32", 27_328, 32, 1.295),
-            ("numpy", "s64", 155_008, 32, 5.067),
-            ("futhark-c", "s64", 155_008, 32, 8.05),
-            ("futhark-multicore", "s64", 155_008, 32, 4.709),
+            ("numpy", "learn", 26_816, 32, 1.577),
+            ("futhark-c", "learn", 26_816, 32, 1.946),
+            ("futhark-multicore", "learn", 26_816, 32, 0.9566),
+            ("numpy", "tiny", 4_192, 32, 0.566),
+            ("futhark-c", "tiny", 4_192, 32, 0.5746),
+            ("futhark-multicore", "tiny", 4_192, 32, 0.2909),
+            ("numpy", "s32", 27_328, 32, 1.635),
+            ("futhark-c", "s32", 27_328, 32, 1.895),
+            ("futhark-multicore", "s32", 27_328, 32, 0.8747),
+            ("numpy", "s64", 155_008, 32, 4.442),
+            ("futhark-c", "s64", 155_008, 32, 7.589),
+            ("futhark-multicore", "s64", 155_008, 32, 3.484),
+            ("numpy", "s128", 809_728, 32, 19.64),
+            ("futhark-c", "s128", 809_728, 32, 34.03),
+            ("futhark-multicore", "s128", 809_728, 32, 16.85),
+            ("numpy", "s256", 4_797_952, 32, 75.53),
+            ("futhark-c", "s256", 4_797_952, 32, 194.6),
+            ("futhark-multicore", "s256", 4_797_952, 32, 111.6),
         ),
     ),
     SpeedTable(

@@ -6,9 +6,9 @@
 -- layer's forward and backward is one product over the N positions (rows
 -- = positions, document j's at j T .. j T + T - 1), so a weight matrix is
 -- read once per step and per product rather than once per document, and
--- the products are large enough to tile (rows_linear).  Each weight's
--- gradient is a product too, dYᵀ X with the N positions as its inner
--- loop (transposed_product of the two activations transposed), and the gradient
+-- the products are large enough to tile (rows_linear; the widest, as
+-- axpys: axpy_product).  Each weight's gradient is a product too, dYᵀ X
+-- with the N positions as its inner loop (transposed_product), and the gradient
 -- is held whole, as the buffer's rows, for train.fut's update pass (at
 -- B = 1 the update pass instead sums each row's gradient over the T ~ 7
 -- positions as it goes).  Attention runs per document and head, reading
@@ -70,9 +70,12 @@ def batch_tokens [n][d][b] (dims: dims) (tokens: [n]i32) (offsets: [d]i64) (leng
 -- row, a weight's row in the parameter buffer, or a row of a transpose
 -- held as blocks (`transposed`), read in place.
 --
--- One tiling for every product: Futhark 0.25.34 miscompiled the multicore
--- step whenever an `if` chose between two tilings at run time (4 x 3 and
--- 2 x 2 before, 4 x 2 and 5 x 2 since; docs/performance.md, 2026-12-03).
+-- One tiling for every product of this kind: Futhark 0.25.34 miscompiled
+-- the multicore step whenever an `if` chose between two tilings at run
+-- time (4 x 3 and 2 x 2 before, 4 x 2 and 5 x 2 since; docs/performance.md,
+-- 2026-12-03).  The products whose output is 3 or 4 times as wide as
+-- their inner dimension are of another kind, axpy_product, fixed by where
+-- they are called, not chosen at run time.
 -- How the result is written differs by program, fixed when it is
 -- compiled (`products`).
 
@@ -212,6 +215,58 @@ def rows_by_transposed [n][i][k] (p: products) (o: i64) (x: [n][i]f32) (wt: [k][
 def transposed_product [kx][ky][i] (p: products) (n: i64) (o: i64) (xt: [kx][8][i]f32) (yt: [ky][8][i]f32): *[n][o]f32 =
   tiled_product p n o (row_of xt) (row_of yt)
 
+-- | x @ m for x (N, K) and m (K, O), m's rows from a function (m_row), as
+-- rows of axpys: each block of 4 rows of the result is added into in
+-- place, 4 rows of m (scaled by the block's 4 x 4 values of x) at a time,
+-- a loop along the output's O columns that clang vectorises with no
+-- cross-lane sums.  Faster than the tiles' dot products where a row of
+-- the result is wide and the inner dimension short (a tile's cross-lane
+-- sums then cost as much as its multiply-adds): (448, 32) by (32, 96)
+-- 2.3x, (448, 64) by (64, 192) 2.2x, (448, 256) by (256, 768) 1.3x
+-- (`futhark bench`, one thread); slower where the result's rows are
+-- narrow ((448, 128) by (128, 32) 1.7x slower; square ones within 10%
+-- either way), so only the products whose output is 3 or 4 times as wide
+-- as their input use it (and fc2's gradient, batch_block_back says).  Each element is summed in k order by one
+-- thread: the same bits every run.  The multicore tasks write flat rows,
+-- as tiles_5x2's do (rows of their own, flattened, made the s128 and s256
+-- steps 5% slower).
+#[inline]
+def axpy_product [k] (p: products) (n: i64) (o: i64) (x: [n][k]f32) (m_row: i64 -> [o]f32): *[n][o]f32 =
+  let (quads, blocks) = ((k + 3) / 4, (n + 3) / 4)
+  -- result rows 4 a .. 4 a + 3 (past N: repeats of the last) added into
+  -- the rows of O from out[at] on (flat, as tiles_5x2's tasks write theirs)
+  let block (out: *[]f32) (at: i64) (a: i64): *[]f32 =
+    let row e = i64.min (n - 1) (4 * a + e)
+    let (s0, s1, s2, s3) = (row 0, row 1, row 2, row 3)
+    in loop out for q < quads do
+         let kt e = i64.min (k - 1) (4 * q + e)
+         let coef s e = if 4 * q + e < k then #[unsafe] x[s, 4 * q + e] else 0
+         let (m0, m1, m2, m3) = (m_row (kt 0), m_row (kt 1), m_row (kt 2), m_row (kt 3))
+         let (a0, a1, a2, a3) = (coef s0 0, coef s0 1, coef s0 2, coef s0 3)
+         let (b0, b1, b2, b3) = (coef s1 0, coef s1 1, coef s1 2, coef s1 3)
+         let (c0, c1, c2, c3) = (coef s2 0, coef s2 1, coef s2 2, coef s2 3)
+         let (d0, d1, d2, d3) = (coef s3 0, coef s3 1, coef s3 2, coef s3 3)
+         in loop out for j < o do
+              let (w0, w1, w2, w3) = #[unsafe] (m0[j], m1[j], m2[j], m3[j])
+              let (r0, r1, r2, r3) = (at + j, at + o + j, at + 2 * o + j, at + 3 * o + j)
+              in #[unsafe] out with [r0] = out[r0] + a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3
+                               with [r1] = out[r1] + b0 * w0 + b1 * w1 + b2 * w2 + b3 * w3
+                               with [r2] = out[r2] + c0 * w0 + c1 * w1 + c2 * w2 + c3 * w3
+                               with [r3] = out[r3] + d0 * w0 + d1 * w1 + d2 * w2 + d3 * w3
+  in match p
+     case #sequential ->
+       let out = loop out = replicate (4 * blocks * o) 0f32 for a < blocks do block out (4 * a * o) a
+       in #[unsafe] (unflatten (out :> [(4 * blocks) * o]f32))[:n] :> [n][o]f32
+     case #tasks _ ->
+       -- a task per run of ~1/32 of the blocks, each into rows of its own
+       let per = (blocks + 31) / 32
+       let tasks = (blocks + per - 1) / per
+       let task t = loop out = replicate (4 * per * o) 0f32 for a in t * per..<i64.min blocks (t * per + per) do
+                      block out (4 * (a - t * per) * o) a
+       let flat = flatten (map task (iota tasks)) :> [(tasks * 4 * per) * o]f32
+       in #[unsafe] (unflatten flat)[:n] :> [n][o]f32
+     case #gpu -> tabulate_2d n o (\s j -> #[unsafe] loop sum = 0f32 for e < k do sum + x[s, e] * (m_row e)[j])
+
 -- * The step's weights
 
 -- | Rows r .. r + o - 1 of the parameter buffer (rows of C), copied.
@@ -225,10 +280,11 @@ def weight_rows [rows][c] (params: [rows][c]f32) (r: i64) (o: i64): *[o][c]f32 =
 -- | Layer l's weights, copied out of the buffer (P values a step, a small
 -- part of its N P multiply-adds), and transposed for the backward pass:
 -- dy @ w, the gradient of rows_linear with respect to its input, is
--- rows_by_transposed of dy and w.T, whose tiles then read contiguous rows.
+-- rows_by_transposed of dy and w.T, whose tiles then read contiguous rows;
+-- fc2's (4 times as wide as dy) is axpy_product of fc2's own C rows of 4C.
 -- fc2 (C, 4C) lies in the buffer as 4C rows of C, row 4 a + q holding
 -- columns q C .. q C + C - 1 of its row a.
-type layer_t [kc][kf][c][c3][f] = {wqkv: [kc][8][c3]f32, wo: [kc][8][c]f32, fc1: [kc][8][f]f32, fc2: [kf][8][c]f32}
+type layer_t [kc][c][c3][f] = {wqkv: [kc][8][c3]f32, wo: [kc][8][c]f32, fc1: [kc][8][f]f32, fc2: [c][f]f32}
 
 #[inline]
 def fc2_rows [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
@@ -243,21 +299,26 @@ def fc2_rows_apart [rows][c] (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 = f
 def fc2_rows_at [rows][c] (in_task: bool) (params: [rows][c]f32) (r: i64): *[c][4 * c]f32 =
   if in_task then fc2_rows params r else fc2_rows_apart params r
 
+-- | Layer l's weights for the forward pass: wqkv and fc1 transposed
+-- (axpy_product's m), wo and fc2 as rows (rows_linear's w).
+type layer_f [kc][c][c3][f] = {wqkv: [kc][8][c3]f32, wo: [c][c]f32, fc1: [kc][8][f]f32, fc2: [c][f]f32}
+
 #[inline]
-def layer_rows [rows][c] (in_task: bool) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64) (l: i64)
-                         : layer [c][c3][f] =
+def layer_rows [rows][c] (p: products) (in_task: bool) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64)
+                         (l: i64): layer_f [(c + 7) / 8][c][c3][f] =
   let at j = layout[3 + 6 * l + j] / c
-  in {wqkv = weight_rows params (at 0) c3, wo = weight_rows params (at 3) c, fc1 = weight_rows params (at 4) f,
+  in {wqkv = transposed p (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32), wo = weight_rows params (at 3) c,
+      fc1 = transposed p (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
       fc2 = fc2_rows_at in_task params (at 5) :> [c][f]f32}
 
 #[inline]
 def layer_rows_t [rows][c] (p: products) (in_task: bool) (params: [rows][c]f32) (layout: []i64) (c3: i64) (f: i64)
-                           (l: i64): layer_t [(c + 7) / 8][(f + 7) / 8][c][c3][f] =
+                           (l: i64): layer_t [(c + 7) / 8][c][c3][f] =
   let at j = layout[3 + 6 * l + j] / c
   in {wqkv = transposed p (#[unsafe] params[at 0:at 0 + c3] :> [c3][c]f32),
       wo = transposed p (#[unsafe] params[at 3:at 3 + c] :> [c][c]f32),
       fc1 = transposed p (#[unsafe] params[at 4:at 4 + f] :> [f][c]f32),
-      fc2 = transposed p (fc2_rows_at in_task params (at 5) :> [c][f]f32)}
+      fc2 = fc2_rows_at in_task params (at 5) :> [c][f]f32}
 
 -- * Per position
 --
@@ -296,29 +357,25 @@ def add_norm_back [n][c] (dx: [n][c]f32) (dy: [n][c]f32) (y: [n][c]f32) (r: [n]f
 --
 -- Read in place from the (N, 3C) rows of queries, keys and values
 -- (position i of document j is row j T + i; head h's part of each is
--- columns h D .. h D + D - 1), and written straight into (N, C) rows:
--- heads copied out into blocks of their own, or merged back, were
--- permuting copies, element by element (11% of an s64 step).  Position
--- i attends to positions i2 <= i only, so every sum below runs over
--- those (the weights past i are zero).
+-- columns h D .. h D + D - 1), and each document's sums written into
+-- (T, C) rows of its own, which flattened are the (N, C) rows: heads
+-- copied out into blocks of their own, or merged back, were permuting
+-- copies, element by element (11% of an s64 step).  Position i attends to
+-- positions i2 <= i only, so every sum below runs over those (the
+-- weights past i are zero).
+--
+-- The weighted sums of rows run with i2, the position attended to,
+-- outermost: each addition goes to another row than the one before, so
+-- none waits on the last one's store.  Summed one output row at a time
+-- (i2 innermost, the row's D sums in memory), every addition waited on
+-- its row's previous one: at D = 8 those sums were 11% of futhark-c's
+-- `learn` step, and the step in parts 1.2-1.5x slower.  Each sum still
+-- adds its terms in increasing i2, as before.
 
 -- | Document j's row i, head hh's D columns from `first` on: a view.
 #[inline]
 def head_row [n][m] (t: i64) (d: i64) (x: [n][m]f32) (first: i64) (j: i64) (hh: i64) (i: i64): [d]f32 =
   #[unsafe] x[j * t + i, first + hh * d:first + hh * d + d] :> [d]f32
-
--- | sum over i < count of w(i) row(i), for rows of D values: one row
--- accumulated in place (a map2 per term allocated a fresh row each time).
-#[inline]
-def weighted_rows (d: i64) (count: i64) (w: i64 -> f32) (row: i64 -> [d]f32): *[d]f32 =
-  loop acc = replicate d 0f32 for i < count do
-    let (wi, r) = (w i, row i)
-    in loop acc for e < d do #[unsafe] acc with [e] = acc[e] + wi * r[e]
-
--- | (B, T, H, D) values as (N, H D) rows: a reshape of a fresh array.
-#[inline]
-def position_rows [b][t][h][d] (n: i64) (x: [b][t][h][d]f32): [n][h * d]f32 =
-  unflatten (flatten (flatten (flatten x)) :> [n * (h * d)]f32)
 
 -- | Every document's causal attention weights per head (B, H, T, T) from
 -- qkv (N, 3C).
@@ -332,26 +389,26 @@ def attention_weights [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (
        in causal_softmax i (tabulate t (\i2 -> if i2 <= i then dot q (head_row t d qkv c j hh i2) * scale else 0)))
 
 -- | The attention output (N, C): position i's head hh is sum_i2 p[i, i2] v[i2].
--- (A function of its own, as attention_back, attention_output_apart:
+-- Inlined where the step runs inside a task (batch_gradient_sum's
+-- in_task), a function of its own elsewhere (attention_output_apart:
 -- fused into the next product, its reshape was read with divisions on
--- multicore.)  by_rows: for a step inside a task, where it is inlined
--- (batch_gradient_sum's in_task): the heads of each row, then copied into
--- (N, C) rows with a division per element, once; read as a reshape, each
--- product's loop divided per element (a group's step at learn 2.6x
--- slower).
+-- multicore).
 #[inline]
-def attention_output [n][c3] (by_rows: bool) (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32)
+def attention_output [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32)
                              (probs: [b][h][t][t]f32): *[n][h * d]f32 =
   let c = h * d
-  let head j i hh = weighted_rows d (i + 1) (\i2 -> #[unsafe] probs[j, hh, i, i2]) (head_row t d qkv (2 * c) j hh)
-  in if by_rows then let heads = tabulate n (\r -> tabulate h (head (r / t) (r % t)))
-                     in tabulate_2d n (h * d) (\r k -> #[unsafe] heads[r, k / d, k % d])
-     else position_rows n (tabulate_3d b t h head)
+  let doc j = #[unsafe]
+    loop out = replicate t (replicate c 0f32) for i2 < t do
+      loop out for i in i2..<t do
+        loop out for hh < h do
+          let w = probs[j, hh, i, i2]
+          in loop out for e < d do out with [i, hh * d + e] = out[i, hh * d + e] + w * qkv[j * t + i2, 2 * c + hh * d + e]
+  in flatten (map doc (iota b)) :> [n][h * d]f32
 
 -- | Back through the attention: the gradient of the queries, keys and
 -- values (N, 3C) from the output's gradient dy (N, C).
 #[inline]
-def attention_back [n][c3][c] (by_rows: bool) (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
+def attention_back [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
                               (probs: [b][h][t][t]f32) (dy: [n][c]f32): *[n][c3]f32 =
   -- datt[i, i2] = p (dp - sum_i2 p dp) scale, dp[i, i2] = dy_i . v_i2
   let datt = tabulate_3d b h t (\j hh i ->
@@ -362,24 +419,31 @@ def attention_back [n][c3][c] (by_rows: bool) (b: i64) (t: i64) (h: i64) (d: i64
                in map2 (\pv dv -> pv * (dv - s) * scale) p dp)
   -- dq_i = sum_{i2 <= i} datt[i, i2] k_i2, dk_i = sum_{i2 >= i} datt[i2, i] q_i2,
   -- dv_i = sum_{i2 >= i} p[i2, i] dy_i2
-  let part j i k hh = #[unsafe]
-    if k == 0 then weighted_rows d (i + 1) (\i2 -> datt[j, hh, i, i2]) (head_row t d qkv c j hh)
-    else if k == 1 then weighted_rows d (t - i) (\i2 -> datt[j, hh, i + i2, i]) (\i2 -> head_row t d qkv 0 j hh (i + i2))
-    else weighted_rows d (t - i) (\i2 -> probs[j, hh, i + i2, i]) (\i2 -> head_row t d dy 0 j hh (i + i2))
-  let position j i = tabulate 3 (\k -> tabulate h (part j i k))
-  in if by_rows then let parts = tabulate n (\r -> position (r / t) (r % t))
-                     in tabulate_2d n c3 (\r k -> #[unsafe] parts[r, k / c, (k % c) / d, k % d])
-     else unflatten (flatten (flatten (flatten (flatten (tabulate_2d b t position)))) :> [n * c3]f32)
+  let doc j = #[unsafe]
+    loop out = replicate t (replicate (3 * c) 0f32) for i2 < t do
+      let r2 = j * t + i2
+      let out = loop out for i in i2..<t do
+                  loop out for hh < h do
+                    let w = datt[j, hh, i, i2]
+                    in loop out for e < d do out with [i, hh * d + e] = out[i, hh * d + e] + w * qkv[r2, c + hh * d + e]
+      in loop out for i < i2 + 1 do
+           loop out for hh < h do
+             let (wk, wv) = (datt[j, hh, i2, i], probs[j, hh, i2, i])
+             in loop out for e < d do
+                  let (ek, ev) = (c + hh * d + e, 2 * c + hh * d + e)
+                  in out with [i, ek] = out[i, ek] + wk * qkv[r2, hh * d + e]
+                         with [i, ev] = out[i, ev] + wv * dy[r2, hh * d + e]
+  in flatten (map doc (iota b)) :> [n][c3]f32
 
 #[noinline]
 def attention_output_apart [n][c3] (b: i64) (t: i64) (h: i64) (d: i64) (qkv: [n][c3]f32) (probs: [b][h][t][t]f32)
     : *[n][h * d]f32 =
-  attention_output false b t h d qkv probs
+  attention_output b t h d qkv probs
 
 #[noinline]
 def attention_back_apart [n][c3][c] (b: i64) (t: i64) (h: i64) (d: i64) (scale: f32) (qkv: [n][c3]f32)
                                     (probs: [b][h][t][t]f32) (dy: [n][c]f32): *[n][c3]f32 =
-  attention_back false b t h d scale qkv probs dy
+  attention_back b t h d scale qkv probs dy
 
 -- * Forward
 
@@ -398,18 +462,19 @@ type batch_acts [n][b][h][t][c][c3][f] =
 -- | One pre-norm transformer layer over the N positions of B documents of
 -- T positions, with its activations.
 #[inline]
-def batch_block [n][c][c3][f] (p: products) (in_task: bool) (h: i64) (b: i64) (t: i64) (w: layer [c][c3][f]) (x: [n][c]f32)
+def batch_block [n][kc][c][c3][f] (p: products) (in_task: bool) (h: i64) (b: i64) (t: i64) (w: layer_f [kc][c][c3][f])
+                              (x: [n][c]f32)
                               : (*[n][c]f32, batch_acts [n][b][h][t][c][c3][f]) =
   let d = c / h
   let scale = f32.f64 (1 / f64.sqrt (f64.i64 d))
   let (xn, r1) = normalised x
-  let qkv = rows_linear p xn w.wqkv  -- (N, 3C)
+  let qkv = axpy_product p n c3 xn (row_of w.wqkv)  -- (N, 3C)
   let probs = attention_weights b t h d scale qkv
-  let y = (if in_task then attention_output true b t h d qkv probs
+  let y = (if in_task then attention_output b t h d qkv probs
            else attention_output_apart b t h d qkv probs) :> [n][c]f32
   let x = added x (rows_linear p y w.wo)
   let (xn2, r2) = normalised x
-  let hid = rows_linear p xn2 w.fc1
+  let hid = axpy_product p n f xn2 (row_of w.fc1)
   let act = map (\r -> #[sequential] map relu (#[unsafe] hid[r])) (iota n)
   let x = added x (rows_linear p act w.fc2)
   in (x, {xn, r1, qkv, probs, y, xn2, r2, act})
@@ -438,10 +503,13 @@ def batch_loss_and_dlogits [n][v][c][b] (p: products) (lm_head: [v][c]f32) (x: [
 -- and its weights' gradients as the buffer's 12 C rows (wq, wk, wv, wo,
 -- fc1, fc2's rows of 4C as four rows of C), each a product dYᵀ X over the
 -- N positions (transposed_product of the transposed activations: its
--- inner loop runs over the positions).  `w`: the layer's weights,
--- transposed.
+-- inner loop runs over the positions).  fc2's, whose rows are 4C wide,
+-- is axpy_product over the positions in the sequential code (no
+-- transposes: futhark-c's s64 step 3% faster, s128 in parts 6%); the
+-- multicore tasks keep the tiles, where each task would read all of the
+-- activations.  `w`: the layer's weights, transposed.
 #[inline]
-def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (in_task: bool) (w: layer_t [kc][kf][c][c3][f])
+def batch_block_back [n][b][h][t][kc][c][c3][f] (p: products) (in_task: bool) (w: layer_t [kc][c][c3][f])
                                             (a: batch_acts [n][b][h][t][c][c3][f])
                                             (dx: [n][c]f32): (*[n][c]f32, *[12 * c][c]f32) =
   let d = c / h
@@ -449,8 +517,10 @@ def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (in_task: bool
   -- fc2's gradient (C, 4C) as the buffer's 4C rows of C
   let as_rows (g: [c][f]f32): *[f][c]f32 = tabulate_2d f c (\r e -> #[unsafe] g[r / 4, (r % 4) * c + e])
   -- x_out = x_mid + relu(xn2 @ fc1.T) @ fc2.T
-  let g_fc2 = transposed_product p c f (transposed p dx) (transposed p a.act)  -- (C, 4C)
-  let dact = rows_by_transposed p f dx w.fc2
+  let g_fc2 = match p  -- (C, 4C)
+              case #sequential -> axpy_product p c f (transpose dx) (\s -> #[unsafe] a.act[s])
+              case _ -> transposed_product p c f (transposed p dx) (transposed p a.act)
+  let dact = axpy_product p n f dx (\k -> #[unsafe] w.fc2[k])
   let dhid = map (\r -> #[unsafe] #[sequential] map2 (\g av -> if av > 0 then g else 0) dact[r] a.act[r]) (iota n)
   let g_fc1 = transposed_product p f c (transposed p dhid) (transposed p a.xn2)  -- (4C, C)
   let dxn2 = rows_by_transposed p c dhid w.fc1
@@ -458,7 +528,7 @@ def batch_block_back [n][b][h][t][kc][kf][c][c3][f] (p: products) (in_task: bool
   -- x_mid = x_in + attn(xn) @ wo.T
   let g_wo = transposed_product p c c (transposed p dxmid) (transposed p a.y)  -- (C, C)
   let dy = rows_by_transposed p c dxmid w.wo
-  let dqkv = if in_task then attention_back true b t h d scale a.qkv a.probs dy
+  let dqkv = if in_task then attention_back b t h d scale a.qkv a.probs dy
              else attention_back_apart b t h d scale a.qkv a.probs dy
   let g_qkv = transposed_product p c3 c (transposed p dqkv) (transposed p a.xn)  -- (3C, C)
   let dxn = rows_by_transposed p c dqkv w.wqkv
@@ -505,7 +575,7 @@ def batch_gradient_sum [rows][c][b][t1][l] (p: products) (in_task: bool) (dm: di
      xn2 = zeros c, r2 = replicate n 0, act = zeros f}
   let (x, acts) =
     loop (x, acts) = (copy x0, replicate nl none) for j < nl do
-      let (x, a) = batch_block p in_task h b t (layer_rows in_task params layout c3 f j) x
+      let (x, a) = batch_block p in_task h b t (layer_rows p in_task params layout c3 f j) x
       in (x, acts with [j] = (a :> batch_acts [n][b][h][t][c][c3][f]))
   let (loss_sum, dlogits) = batch_loss_and_dlogits p lm_head x targets lengths t scale
   -- backward: the gradient rows of each layer, top down, then lm_head,
