@@ -226,8 +226,8 @@ def transposed_product [kx][ky][i] (p: products) (n: i64) (o: i64) (xt: [kx][8][
 -- (`futhark bench`, one thread); slower where the result's rows are
 -- narrow ((448, 128) by (128, 32) 1.7x slower; square ones within 10%
 -- either way), so only the products whose output is 3 or 4 times as wide
--- as their input use it (and fc2's gradient, batch_block_back says).  Each element is summed in k order by one
--- thread: the same bits every run.  The multicore tasks write flat rows,
+-- as their input use it (and fc2's gradient, batch_block_back says).
+-- Each element is summed in k order by one thread: the same bits every run.  The multicore tasks write flat rows,
 -- as tiles_5x2's do (rows of their own, flattened, made the s128 and s256
 -- steps 5% slower).
 #[inline]

@@ -202,7 +202,7 @@ def group_gradient [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i
 -- "A batch in parts").  A group's step runs inside a task, so it calls no
 -- function of its own (batch.fut's batch_gradient_sum, in_task: what such
 -- a call returned there was never freed).  It holds a gradient per group,
--- and from s128 on the products' own tasks are as fast or faster, so
+-- and from s256 on the products' own tasks are as fast or faster, so
 -- engine/backends/futhark_backend.py uses it for small models alone
 -- (batches_in_parts).
 def batch_in_parts [rows][c][l][n][d] (parts: i64) (s: model [l][n][d]) (step: i64)
